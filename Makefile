@@ -1,0 +1,37 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Both bootstrap .venv.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.recap-installed
+DEMO_DATA := demo_data
+export DS_ACCELERATOR ?= cpu
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export MLFLOW_TRACKING_URI ?= sqlite:///mlflow.db
+
+.PHONY: demo test lint bench clean
+
+$(STAMP): setup.py constraints-cpu.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -c constraints-cpu.txt -e '.[dev,viz]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) scripts/make_demo_data.py --out $(DEMO_DATA)
+	$(PY) scripts/compute_returns.py --gin_file demo/returns.gin
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check recap scripts tests bench
+	$(VENV)/bin/ruff format --check recap scripts tests bench
+
+bench: $(STAMP)
+	$(PY) bench/returns.py
+	$(PY) bench/advantages.py
+
+clean:
+	rm -rf $(VENV) $(DEMO_DATA) mlflow.db mlruns .pytest_cache

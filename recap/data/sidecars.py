@@ -1,0 +1,126 @@
+"""Sidecar files under a dataset's ``meta/``: written atomically, never touching the dataset.
+
+Step 1 writes ``meta/returns_{tag}.parquet`` (``returns.parquet`` for the empty tag) and its
+statistics ``meta/returns_{tag}.json``; Step 3 writes ``meta/advantages_{tag}.parquet`` and the
+per-tag record. Every write goes to a temporary file in the same directory and is moved into
+place with ``os.replace``, so a reader sees either the old file or the whole new one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from recap.core import columns as C
+from recap.errors import DatasetError, located
+
+RETURNS = "returns"
+ADVANTAGES = "advantages"
+
+
+def sidecar_path(root: str | os.PathLike, kind: str, tag: str, suffix: str = ".parquet") -> Path:
+    """``{root}/meta/{kind}_{tag}{suffix}`` (``{kind}{suffix}`` for an empty tag)."""
+    name = C.sidecar_name(kind, tag)
+    return Path(root) / "meta" / (name[: -len(".parquet")] + suffix)
+
+
+def check_tag(tag: str) -> str:
+    """A tag becomes part of a file name: letters, digits, ``-``, ``_`` and ``.`` only."""
+    if not all(ch.isalnum() or ch in "-_." for ch in tag) or tag.startswith("."):
+        raise DatasetError(
+            f"tag {tag!r}: use letters, digits, '-', '_' or '.' (it becomes part of a file name)"
+        )
+    return tag
+
+
+@contextlib.contextmanager
+def _staged(path: Path) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; removed if the body fails."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_atomic(files: dict[Path, Callable[[Path], None]]) -> None:
+    """Write several files so that none is replaced unless all were written.
+
+    ``files`` maps each destination to a writer that fills a temporary path.
+    """
+    staged: list[tuple[Path, Path]] = []
+    try:
+        with contextlib.ExitStack() as stack:
+            for dest, writer in files.items():
+                tmp = stack.enter_context(_staged(Path(dest)))
+                writer(tmp)
+                staged.append((tmp, Path(dest)))
+            for tmp, dest in staged:
+                os.replace(tmp, dest)
+    finally:
+        for tmp, _ in staged:
+            tmp.unlink(missing_ok=True)
+
+
+def table_writer(table: pa.Table) -> Callable[[Path], None]:
+    """A writer for ``write_atomic`` that stores ``table`` as parquet (zstd)."""
+    return lambda tmp: pq.write_table(table, tmp, compression="zstd")
+
+
+def json_writer(obj: object) -> Callable[[Path], None]:
+    """A writer for ``write_atomic`` that stores ``obj`` as indented JSON."""
+    return lambda tmp: tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def write_returns(root: str | os.PathLike, tag: str, table: pa.Table, stats: dict) -> Path:
+    """Write the Step 1 sidecar and its statistics; returns the parquet path."""
+    check_tag(tag)
+    if table.schema != C.RETURNS_SCHEMA:
+        raise DatasetError(f"returns table schema {table.schema} != {C.RETURNS_SCHEMA}")
+    path = sidecar_path(root, RETURNS, tag)
+    write_atomic(
+        {
+            path: table_writer(table),
+            sidecar_path(root, RETURNS, tag, ".json"): json_writer(stats),
+        }
+    )
+    return path
+
+
+def read_returns(root: str | os.PathLike, tag: str) -> tuple[pa.Table, dict]:
+    """Read a Step 1 sidecar and its statistics written by ``write_returns``."""
+    path = sidecar_path(root, RETURNS, tag)
+    stats_path = sidecar_path(root, RETURNS, tag, ".json")
+    if not path.is_file() or not stats_path.is_file():
+        missing = path if not path.is_file() else stats_path
+        raise DatasetError(
+            located(missing, f"returns sidecar for tag {tag!r} not found; run Step 1 "
+                    f"(scripts/compute_returns.py) with tag {tag!r} on this dataset first")
+        )
+    return read_parquet(path, C.RETURNS_SCHEMA), json.loads(stats_path.read_text())
+
+
+def read_parquet(path: Path, schema: pa.Schema | None = None) -> pa.Table:
+    """Read a parquet file; a corrupt file or missing field is a one-line DatasetError."""
+    try:
+        table = pq.read_table(path)
+    except (OSError, pa.ArrowException) as exc:
+        raise DatasetError(located(path, f"cannot read parquet ({exc}); rewrite the file")) from exc
+    if schema is not None:
+        for field in schema:
+            if field.name not in table.column_names:
+                raise DatasetError(
+                    located(path, f"column {field.name!r} missing; rewrite the sidecar")
+                )
+        table = table.select(schema.names).cast(schema)
+    return table
