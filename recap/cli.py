@@ -15,11 +15,12 @@ A ``RecapError`` (bad input, bad config) prints one line to stderr and exits wit
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from recap.errors import RecapError
+from recap.errors import RecapError, one_line
 
 GIN_DIR = Path(__file__).resolve().parent.parent / "gin"
 
@@ -49,13 +50,20 @@ def parse_gin(files: Sequence[str], params: Sequence[str]) -> None:
     """Parse gin files and bindings; unknown configurables or parameters are a RecapError."""
     import gin
 
-    gin.add_config_file_search_path(str(GIN_DIR))
+    if str(GIN_DIR) not in gin.config._LOCATION_PREFIXES:
+        gin.add_config_file_search_path(str(GIN_DIR))
     resolved = [resolve_gin_file(f) for f in files]
+    # gin logs "Path not found" at ERROR for every search-path miss of an `include`.
+    quiet = logging.Filter()
+    quiet.filter = lambda record: not str(record.msg).startswith("Path not found")
+    logging.getLogger().addFilter(quiet)
     try:
         gin.parse_config_files_and_bindings(resolved, list(params), finalize_config=False)
-    except (ValueError, KeyError, SyntaxError, ImportError) as exc:
+    except (ValueError, KeyError, SyntaxError, ImportError, OSError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise RecapError(f"gin config: {first}; check the binding names in {files or params}")
+    finally:
+        logging.getLogger().removeFilter(quiet)
 
 
 def run_step(step: Callable[[], object], argv: Sequence[str] | None = None) -> int:
@@ -65,6 +73,6 @@ def run_step(step: Callable[[], object], argv: Sequence[str] | None = None) -> i
         parse_gin(args.gin_file, args.gin_param)
         step()
     except RecapError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {one_line(exc)}", file=sys.stderr)
         sys.exit(2)
     return 0

@@ -12,7 +12,15 @@ class RecapError(ValueError):
     """Bad input or configuration, reported as one line."""
 
     def __init__(self, message: str):
-        super().__init__(" ".join(str(message).split()))
+        self.message = " ".join(str(message).split())
+        super().__init__(self.message)
+
+
+def one_line(exc: BaseException) -> str:
+    """The one-line message of an error; gin appends "In call to configurable ..." lines to
+    errors raised inside configurables, and those are dropped here."""
+    message = getattr(exc, "message", None)
+    return message if isinstance(message, str) else str(exc).strip().splitlines()[0]
 
 
 class DatasetError(RecapError):

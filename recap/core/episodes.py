@@ -83,9 +83,12 @@ def find_episodes(episode_index: np.ndarray, frame_index: np.ndarray) -> Episode
     if n == 0:
         empty = np.zeros(0, dtype=np.int64)
         return Episodes(empty, empty, empty, empty, empty)
-    order = np.lexsort((frame_index, episode_index))
-    ep = episode_index[order]
-    fr = frame_index[order]
+    if _is_sorted(episode_index, frame_index):  # the usual case: skip the O(n log n) sort
+        order = np.arange(n, dtype=np.int64)
+        ep, fr = episode_index, frame_index
+    else:
+        order = np.lexsort((frame_index, episode_index))
+        ep, fr = episode_index[order], frame_index[order]
     new_episode = np.empty(n, dtype=bool)
     new_episode[0] = True
     np.not_equal(ep[1:], ep[:-1], out=new_episode[1:])
@@ -97,6 +100,12 @@ def find_episodes(episode_index: np.ndarray, frame_index: np.ndarray) -> Episode
     if bad.size:
         _raise_frame_error(ep, fr, expected, int(bad[0]))
     return Episodes(order.astype(np.int64), ep[starts], starts, lengths, episode_of)
+
+
+def _is_sorted(ep: np.ndarray, fr: np.ndarray) -> bool:
+    """Whether rows are already in strictly increasing (episode, frame) order."""
+    step_ep, step_fr = ep[1:] - ep[:-1], fr[1:] - fr[:-1]
+    return bool(np.all((step_ep > 0) | ((step_ep == 0) & (step_fr > 0))))
 
 
 def _raise_frame_error(ep: np.ndarray, fr: np.ndarray, expected: np.ndarray, i: int) -> None:

@@ -138,7 +138,7 @@ def compute_returns(
     specs = parse_dataset_specs(datasets, data_root)
     results = [
         returns_for_dataset(spec, gamma, failure_reward, outcome_column)
-        for spec in tqdm(specs, desc="returns", unit="dataset")
+        for spec in tqdm(specs, desc="returns", unit="dataset", disable=None)
     ]
     for result in results:
         write_returns(result.spec.root, tag, result.table, result.stats)

@@ -1,0 +1,39 @@
+"""Shared test helpers: locating the LeRobot-written fixtures, hashing dataset trees."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = REPO.parent / "shared" / "fixtures"
+FIXTURE_NAMES = ("libero_like_v30_images", "libero_like_v30_video", "rlinf_like_v21_video")
+
+
+def fixture_dir(name: str) -> Path:
+    path = FIXTURES / name
+    if not path.is_dir():
+        pytest.skip(f"LeRobot fixtures not found at {FIXTURES} (expected shared/ beside the repo)")
+    return path
+
+
+def copy_fixture(name: str, dest: Path) -> Path:
+    """A writable copy of a fixture dataset under ``dest``."""
+    out = dest / name
+    shutil.copytree(fixture_dir(name), out)
+    for p in [out, *out.rglob("*")]:
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    return out
+
+
+def tree_hashes(root: Path, exclude_prefix: tuple[str, ...] = ()) -> dict[str, str]:
+    """sha256 of every file under ``root`` (relative posix path -> digest)."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        rel = p.relative_to(root).as_posix()
+        if p.is_file() and not rel.startswith(exclude_prefix):
+            out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
