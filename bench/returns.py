@@ -95,7 +95,7 @@ def main() -> None:
     print(
         f"RESULT: frames={frames} v21_floor_s={f21:.3f} v21_step1_s={s21:.3f} "
         f"v21_ratio={s21 / f21:.2f} v30_floor_s={f30:.3f} v30_step1_s={s30:.3f} "
-        f"v30_ratio={s30 / f30:.2f} target=\"{TARGET}\" met={'yes' if worst <= 1.5 else 'no'}"
+        f'v30_ratio={s30 / f30:.2f} target="{TARGET}" met={"yes" if worst <= 1.5 else "no"}'
     )
 
 

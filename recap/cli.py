@@ -61,7 +61,9 @@ def parse_gin(files: Sequence[str], params: Sequence[str]) -> None:
         gin.parse_config_files_and_bindings(resolved, list(params), finalize_config=False)
     except (ValueError, KeyError, SyntaxError, ImportError, OSError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise RecapError(f"gin config: {first}; check the binding names in {files or params}")
+        raise RecapError(
+            f"gin config: {first}; check the binding names in {files or params}"
+        ) from exc
     finally:
         logging.getLogger().removeFilter(quiet)
 

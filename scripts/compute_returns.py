@@ -1,6 +1,7 @@
 """Step 1: per-frame returns into meta/returns_{tag}.parquet.
 
-    python scripts/compute_returns.py --gin_file demo/returns.gin [--gin_param 'compute_returns.tag = "v2"']
+    python scripts/compute_returns.py --gin_file demo/returns.gin \
+        [--gin_param 'compute_returns.tag = "v2"']
 """
 
 from recap.cli import run_step

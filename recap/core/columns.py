@@ -63,5 +63,5 @@ DATASET_TYPES = (SFT, ROLLOUT)
 
 
 def sidecar_name(kind: str, tag: str) -> str:
-    """``meta/`` file name of a sidecar: ``returns.parquet`` for an empty tag, else ``returns_{tag}.parquet``."""
+    """``meta/`` file name of a sidecar: ``{kind}.parquet`` or ``{kind}_{tag}.parquet``."""
     return f"{kind}.parquet" if not tag else f"{kind}_{tag}.parquet"

@@ -13,6 +13,14 @@ import numpy as np
 from recap.errors import RecapError
 
 
+class FrameIndexError(RecapError):
+    """Duplicate or missing frames; ``row`` is the offending row in the caller's order."""
+
+    def __init__(self, message: str, row: int):
+        super().__init__(message)
+        self.row = row
+
+
 @dataclass(frozen=True)
 class Episodes:
     """Episode layout of a frame table, in sorted (episode_index, frame_index) order.
@@ -72,7 +80,7 @@ def find_episodes(episode_index: np.ndarray, frame_index: np.ndarray) -> Episode
         frame_index: int[n] frame number of each row within its episode.
 
     Raises:
-        RecapError: on duplicate (episode_index, frame_index) rows, or when an episode's
+        FrameIndexError: on duplicate (episode_index, frame_index) rows, or when an episode's
             frame_index values are not exactly 0..T-1 (a gap, or a first frame other than 0).
     """
     episode_index = np.asarray(episode_index, dtype=np.int64)
@@ -98,7 +106,8 @@ def find_episodes(episode_index: np.ndarray, frame_index: np.ndarray) -> Episode
     expected = np.arange(n, dtype=np.int64) - starts[episode_of]
     bad = np.flatnonzero(fr != expected)
     if bad.size:
-        _raise_frame_error(ep, fr, expected, int(bad[0]))
+        i = int(bad[0])
+        raise FrameIndexError(_frame_error(ep, fr, expected, i), row=int(order[i]))
     return Episodes(order.astype(np.int64), ep[starts], starts, lengths, episode_of)
 
 
@@ -108,19 +117,14 @@ def _is_sorted(ep: np.ndarray, fr: np.ndarray) -> bool:
     return bool(np.all((step_ep > 0) | ((step_ep == 0) & (step_fr > 0))))
 
 
-def _raise_frame_error(ep: np.ndarray, fr: np.ndarray, expected: np.ndarray, i: int) -> None:
+def _frame_error(ep: np.ndarray, fr: np.ndarray, expected: np.ndarray, i: int) -> str:
     """Explain the first sorted row whose frame_index is not its position in the episode."""
     if i > 0 and ep[i] == ep[i - 1] and fr[i] == fr[i - 1]:
-        raise RecapError(
-            f"frame_index: duplicate row (episode_index={ep[i]}, frame_index={fr[i]}); "
-            "each (episode, frame) pair must appear once"
+        return (
+            f"episode_index/frame_index: duplicate row (episode_index={ep[i]}, "
+            f"frame_index={fr[i]}); remove the extra rows or re-export the dataset"
         )
-    raise RecapError(
+    return (
         f"frame_index: episode {ep[i]} has frame {fr[i]} where frame {expected[i]} was expected "
-        "(a gap); frame_index must run 0..T-1 without gaps within each episode"
+        "(a gap); frames are missing, restore them or drop the episode"
     )
-
-
-def broadcast_episode_last(values: np.ndarray, episodes: Episodes) -> np.ndarray:
-    """Per episode, the value at its last frame. ``values`` are in sorted order: any[n] -> any[E]."""
-    return np.asarray(values)[episodes.ends - 1]

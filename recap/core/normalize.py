@@ -39,7 +39,7 @@ class ReturnRange:
             )
 
     @classmethod
-    def union(cls, ranges: "list[ReturnRange] | tuple[ReturnRange, ...]") -> "ReturnRange":
+    def union(cls, ranges: list[ReturnRange] | tuple[ReturnRange, ...]) -> ReturnRange:
         """The global range of several datasets: min of mins, max of maxes."""
         if not ranges:
             raise RecapError("return range: no datasets given")
@@ -54,8 +54,10 @@ class ReturnRange:
         return float(self.return_max - self.return_min)
 
 
-def normalize_returns(returns: np.ndarray, offset: np.ndarray | float, scale: np.ndarray | float):
-    """float[n] returns -> float64[n] ``(G - offset) / scale`` (offset/scale broadcast per frame)."""
+def normalize_returns(
+    returns: np.ndarray, offset: np.ndarray | float, scale: np.ndarray | float
+) -> np.ndarray:
+    """float[n] returns -> float64[n] ``(G - offset) / scale``, offset and scale per frame."""
     return (np.asarray(returns, dtype=np.float64) - offset) / scale
 
 

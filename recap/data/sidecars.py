@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import yaml
 
 from recap.core import columns as C
 from recap.errors import DatasetError, located
@@ -104,8 +105,11 @@ def read_returns(root: str | os.PathLike, tag: str) -> tuple[pa.Table, dict]:
     if not path.is_file() or not stats_path.is_file():
         missing = path if not path.is_file() else stats_path
         raise DatasetError(
-            located(missing, f"returns sidecar for tag {tag!r} not found; run Step 1 "
-                    f"(scripts/compute_returns.py) with tag {tag!r} on this dataset first")
+            located(
+                missing,
+                f"returns sidecar for tag {tag!r} not found; run Step 1 "
+                f"(scripts/compute_returns.py) with tag {tag!r} on this dataset first",
+            )
         )
     return read_parquet(path, C.RETURNS_SCHEMA), json.loads(stats_path.read_text())
 
@@ -124,3 +128,102 @@ def read_parquet(path: Path, schema: pa.Schema | None = None) -> pa.Table:
                 )
         table = table.select(schema.names).cast(schema)
     return table
+
+
+# ---- Step 3: meta/advantages_{tag}.parquet and the per-tag record --------------------------
+# The record lives in meta/mixture_config.yaml, RLinf's layout: global_return_min/max, datasets,
+# tags: {tag: {unified_threshold, positive_quantile, ...}} (the empty tag also at the top level).
+
+MIXTURE_CONFIG = "mixture_config.yaml"
+
+
+def mixture_config_path(root: str | os.PathLike) -> Path:
+    """``{root}/meta/mixture_config.yaml``."""
+    return Path(root) / "meta" / MIXTURE_CONFIG
+
+
+def read_mixture_config(root: str | os.PathLike) -> dict:
+    """The dataset's ``meta/mixture_config.yaml`` as a dict ({} when absent)."""
+    path = mixture_config_path(root)
+    if not path.is_file():
+        return {}
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise DatasetError(located(path, f"not valid YAML ({first}); fix or delete it")) from exc
+    if not isinstance(data, dict):
+        raise DatasetError(located(path, "expected a mapping at the top level; fix or delete it"))
+    return data
+
+
+def merge_tag_record(config: dict, tag: str, record: dict) -> dict:
+    """``config`` with ``tags[tag] = record`` and the top-level keys RLinf reads, others kept."""
+    out = dict(config)
+    for key in ("return_min", "return_max"):
+        if record.get(key) is not None:
+            out[f"global_{key}"] = record[key]
+    if "datasets" in record:
+        out["datasets"] = record["datasets"]
+    out["tags"] = {**(out.get("tags") or {}), tag: record}
+    if not tag:
+        out["unified_threshold"] = record.get("unified_threshold")
+        out["positive_quantile"] = record.get("positive_quantile")
+    return out
+
+
+def yaml_writer(obj: object) -> Callable[[Path], None]:
+    """A writer for ``write_atomic`` that stores ``obj`` as block-style YAML."""
+    return lambda tmp: tmp.write_text(yaml.safe_dump(obj, sort_keys=False, allow_unicode=True))
+
+
+def advantages_files(
+    root: str | os.PathLike, tag: str, table: pa.Table, record: dict
+) -> dict[Path, Callable[[Path], None]]:
+    """Writers (for one ``write_atomic``) of the advantages sidecar and the updated record file.
+
+    The record file is read now and rewritten with this tag's entry; other tags are kept.
+    """
+    check_tag(tag)
+    if table.schema != C.ADVANTAGES_SCHEMA:
+        raise DatasetError(f"advantages table schema {table.schema} != {C.ADVANTAGES_SCHEMA}")
+    config = merge_tag_record(read_mixture_config(root), tag, record)
+    return {
+        sidecar_path(root, ADVANTAGES, tag): table_writer(table),
+        mixture_config_path(root): yaml_writer(config),
+    }
+
+
+def write_advantages(root: str | os.PathLike, tag: str, table: pa.Table, record: dict) -> Path:
+    """Write ``meta/advantages_{tag}.parquet`` and the tag's record atomically; returns the path."""
+    write_atomic(advantages_files(root, tag, table, record))
+    return sidecar_path(root, ADVANTAGES, tag)
+
+
+def advantage_tags(root: str | os.PathLike) -> list[str]:
+    """Tags of the advantages sidecars present under ``{root}/meta`` ("" for the untagged one)."""
+    meta = Path(root) / "meta"
+    names = [p.name for p in meta.glob(f"{ADVANTAGES}*.parquet")] if meta.is_dir() else []
+    tags = [n[len(ADVANTAGES) : -len(".parquet")] for n in names]
+    return sorted(t[1:] if t.startswith("_") else t for t in tags if t == "" or t[0] == "_")
+
+
+def read_advantages(root: str | os.PathLike, tag: str) -> tuple[pa.Table, dict]:
+    """An advantages sidecar (schema metadata kept) and its tag's record ({} when unrecorded)."""
+    path = sidecar_path(root, ADVANTAGES, tag)
+    if not path.is_file():
+        found = ", ".join(repr(t) for t in advantage_tags(root)) or "none"
+        raise DatasetError(
+            located(
+                path,
+                f"advantages sidecar for tag {tag!r} not found (tags here: {found}); run Step 3 "
+                "with this tag first, or name an existing tag",
+            )
+        )
+    table = read_parquet(path, C.ADVANTAGES_SCHEMA)
+    table = table.replace_schema_metadata(pq.read_schema(path).metadata)
+    config = read_mixture_config(root)
+    record = (config.get("tags") or {}).get(tag)
+    if record is None and not tag and "unified_threshold" in config:
+        record = {k: config.get(k) for k in ("unified_threshold", "positive_quantile")}
+    return table, dict(record or {})

@@ -9,12 +9,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-import gin
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from tqdm.auto import tqdm
 
+import gin
 from recap import __version__
 from recap.core import columns as C
 from recap.core.returns import (
@@ -87,8 +87,10 @@ def task_prompts(ds: LocalDataset, task_index: pa.ChunkedArray) -> pa.Array:
     bad = (pos >= ids.size) | (ids[np.minimum(pos, ids.size - 1)] != idx) if ids.size else idx >= 0
     if np.any(bad):
         raise DatasetError(
-            located(ds.root / "meta", f"task_index {int(idx[np.argmax(bad)])} has no task text; "
-                    "add it to the tasks file")
+            located(
+                ds.root / "meta",
+                f"task_index {int(idx[np.argmax(bad)])} has no task text; add it to the tasks file",
+            )
         )
     texts = pa.array([ds.tasks[i] for i in ids.tolist()], pa.string())
     return pa.DictionaryArray.from_arrays(pa.array(pos.astype(np.int32)), texts)

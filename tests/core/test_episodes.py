@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from recap.core.episodes import find_episodes
+from recap.core.episodes import FrameIndexError, find_episodes
 from recap.errors import RecapError
 
 
@@ -33,14 +33,18 @@ def test_empty():
     assert e.num_frames == 0 and e.episode_ids.size == 0
 
 
-def test_duplicate_row_is_an_error():
-    with pytest.raises(RecapError, match=r"duplicate row \(episode_index=1, frame_index=1\)"):
-        find_episodes(np.array([1, 1, 1]), np.array([0, 1, 1]))
+def test_duplicate_row_is_an_error_naming_the_row():
+    with pytest.raises(
+        FrameIndexError, match=r"duplicate row \(episode_index=1, frame_index=1\)"
+    ) as e:
+        find_episodes(np.array([1, 0, 1, 1]), np.array([1, 0, 0, 1]))
+    assert e.value.row == 3  # the second (1, 1), in the caller's row order
 
 
 def test_gap_is_an_error():
-    with pytest.raises(RecapError, match="episode 4 has frame 2 where frame 1 was expected"):
-        find_episodes(np.array([4, 4, 4]), np.array([0, 2, 3]))
+    with pytest.raises(RecapError, match="episode 4 has frame 2 where frame 1 was expected") as e:
+        find_episodes(np.array([4, 4, 4]), np.array([3, 0, 2]))
+    assert e.value.row == 2
 
 
 def test_not_starting_at_zero_is_an_error():

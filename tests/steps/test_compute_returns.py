@@ -3,11 +3,11 @@ import os
 import subprocess
 import sys
 
-import gin
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+import gin
 from recap.core import columns as C
 from recap.data.sidecars import read_returns
 from recap.errors import DatasetError, one_line
@@ -66,9 +66,7 @@ def test_rollout_fixture_values(tmp_path, name, capsys):
 def test_sft_and_v21_and_tag_isolation(tmp_path):
     root = copy_fixture("rlinf_like_v21_video", tmp_path)
     compute_returns(datasets=[{"name": "s", "root": str(root), "type": "sft"}], tag="")
-    compute_returns(
-        datasets=[{"name": "s", "root": str(root), "failure_reward": -50.0}], tag="b"
-    )
+    compute_returns(datasets=[{"name": "s", "root": str(root), "failure_reward": -50.0}], tag="b")
     sft, sft_stats = read_returns(root, "")
     roll, roll_stats = read_returns(root, "b")
     assert sft_stats["num_successes"] == 7 and sft_stats["return_min"] > -50
@@ -77,7 +75,10 @@ def test_sft_and_v21_and_tag_isolation(tmp_path):
     # a second tag does not change the first
     assert read_returns(root, "")[0].equals(sft)
     assert _sidecar_files(root) == [
-        "returns.json", "returns.parquet", "returns_b.json", "returns_b.parquet",
+        "returns.json",
+        "returns.parquet",
+        "returns_b.json",
+        "returns_b.parquet",
     ]
 
 
@@ -168,7 +169,11 @@ def _run_script(*args, cwd):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.run(
         [sys.executable, str(REPO / "scripts" / "compute_returns.py"), *args],
-        cwd=cwd, env=env, capture_output=True, text=True, timeout=120,
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
@@ -180,20 +185,23 @@ def test_script_success_and_failure_exit_codes(tmp_path):
         f'compute_returns.data_root = "{tmp_path}"\n'
         'compute_returns.datasets = [{"name": "r", "root": "libero_like_v30_images"}]\n'
     )
-    ok = _run_script("--gin_file", str(gin_file), "--gin_param", 'compute_returns.tag = "s"',
-                     cwd=tmp_path)
+    ok = _run_script(
+        "--gin_file", str(gin_file), "--gin_param", 'compute_returns.tag = "s"', cwd=tmp_path
+    )
     assert ok.returncode == 0, ok.stderr
     assert "r: 6 episodes, 4 successes, 66 frames" in ok.stdout
     assert (root / "meta" / "returns_s.parquet").is_file()
 
     _drop_outcome(root)
-    bad = _run_script("--gin_file", str(gin_file), "--gin_param", 'compute_returns.tag = "u"',
-                      cwd=tmp_path)
+    bad = _run_script(
+        "--gin_file", str(gin_file), "--gin_param", 'compute_returns.tag = "u"', cwd=tmp_path
+    )
     assert bad.returncode == 2
     lines = bad.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and "is_success" in lines[0]
     assert not (root / "meta" / "returns_u.parquet").exists()
 
-    unknown = _run_script("--gin_file", str(gin_file), "--gin_param", "compute_returns.gama = 0.9",
-                          cwd=tmp_path)
+    unknown = _run_script(
+        "--gin_file", str(gin_file), "--gin_param", "compute_returns.gama = 0.9", cwd=tmp_path
+    )
     assert unknown.returncode == 2 and "gama" in unknown.stderr
