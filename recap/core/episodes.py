@@ -31,6 +31,7 @@ class Episodes:
         starts: int64[E] first sorted position of each episode.
         lengths: int64[E] number of frames of each episode.
         episode_of: int64[n] position in ``episode_ids`` of each sorted row.
+        position: int64[n] per sorted row, its frame t within the episode (0..T-1).
     """
 
     order: np.ndarray
@@ -38,6 +39,7 @@ class Episodes:
     starts: np.ndarray
     lengths: np.ndarray
     episode_of: np.ndarray
+    position: np.ndarray
 
     @property
     def num_frames(self) -> int:
@@ -52,11 +54,6 @@ class Episodes:
     def end_of(self) -> np.ndarray:
         """int64[n] per sorted row, one past the last sorted position of its episode."""
         return self.ends[self.episode_of]
-
-    @property
-    def position(self) -> np.ndarray:
-        """int64[n] per sorted row, its position t within the episode (0..T-1)."""
-        return np.arange(self.num_frames, dtype=np.int64) - self.starts[self.episode_of]
 
     @property
     def is_last(self) -> np.ndarray:
@@ -90,7 +87,7 @@ def find_episodes(episode_index: np.ndarray, frame_index: np.ndarray) -> Episode
     n = episode_index.shape[0]
     if n == 0:
         empty = np.zeros(0, dtype=np.int64)
-        return Episodes(empty, empty, empty, empty, empty)
+        return Episodes(empty, empty, empty, empty, empty, empty)
     if _is_sorted(episode_index, frame_index):  # the usual case: skip the O(n log n) sort
         order = np.arange(n, dtype=np.int64)
         ep, fr = episode_index, frame_index
@@ -108,7 +105,7 @@ def find_episodes(episode_index: np.ndarray, frame_index: np.ndarray) -> Episode
     if bad.size:
         i = int(bad[0])
         raise FrameIndexError(_frame_error(ep, fr, expected, i), row=int(order[i]))
-    return Episodes(order.astype(np.int64), ep[starts], starts, lengths, episode_of)
+    return Episodes(order.astype(np.int64), ep[starts], starts, lengths, episode_of, expected)
 
 
 def _is_sorted(ep: np.ndarray, fr: np.ndarray) -> bool:

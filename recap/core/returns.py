@@ -45,7 +45,8 @@ def discounted_returns(rewards: np.ndarray, episodes: Episodes, gamma: float) ->
     rewards = np.asarray(rewards, dtype=np.float64)
     if gamma == 1.0:
         suffix = np.cumsum(rewards[::-1])[::-1]  # sum_{k>=t} over the whole column
-        after_episode = np.append(suffix, 0.0)[episodes.ends]  # sum beyond each episode's end
+        after_episode = np.zeros(episodes.episode_ids.shape[0])  # sum beyond each episode's end
+        after_episode[:-1] = suffix[episodes.ends[:-1]]
         return suffix - after_episode[episodes.episode_of]
     g = rewards.copy()
     end_of = episodes.end_of
@@ -78,6 +79,7 @@ def add_returns(
     success: np.ndarray | None = None,
     outcome_column: str = C.IS_SUCCESS,
     prompts: pa.Array | None = None,
+    episodes: Episodes | None = None,
 ) -> pa.Table:
     """The returns sidecar table (``columns.RETURNS_SCHEMA``) for one dataset's frames.
 
@@ -86,14 +88,17 @@ def add_returns(
             column unless ``success`` is given.
         success: bool[E] per-episode outcome in ascending episode order; ``None`` reads
             ``outcome_column`` (an sft dataset passes all True).
+        episodes: the table's layout when the caller already has it (``find_episodes``).
         prompts: string[n] per row, in the table's row order (e.g. the task text, dictionary
             encoded); empty strings when ``None``.
     Returns:
-        Table sorted by (episode_index, frame_index) with return/reward float32.
+        Table sorted by (episode_index, frame_index) with return/reward float32 (the
+        ``RETURNS_SCHEMA``, except that ``prompt`` stays dictionary-encoded as given).
     """
-    episodes = find_episodes(
-        table.column(C.EPISODE_INDEX).to_numpy(), table.column(C.FRAME_INDEX).to_numpy()
-    )
+    if episodes is None:
+        episodes = find_episodes(
+            table.column(C.EPISODE_INDEX).to_numpy(), table.column(C.FRAME_INDEX).to_numpy()
+        )
     if success is None:
         column = table.column(outcome_column)
         if column.null_count:
@@ -105,9 +110,12 @@ def add_returns(
     if prompts is None:
         prompt_col = pa.DictionaryArray.from_arrays(
             pa.array(np.zeros(episodes.num_frames, dtype=np.int32)), pa.array([""])
-        ).cast(pa.string())
+        )
     else:
-        prompt_col = prompts.take(pa.array(order)).cast(pa.string())
+        prompt_col = prompts if _is_identity(order) else prompts.take(pa.array(order))
+    schema = C.RETURNS_SCHEMA.set(
+        C.RETURNS_SCHEMA.get_field_index(C.PROMPT), pa.field(C.PROMPT, prompt_col.type)
+    )
     return pa.Table.from_arrays(
         [
             pa.array(np.repeat(episodes.episode_ids, episodes.lengths)),
@@ -116,8 +124,12 @@ def add_returns(
             pa.array(rewards.astype(np.float32)),
             prompt_col,
         ],
-        schema=C.RETURNS_SCHEMA,
+        schema=schema,
     )
+
+
+def _is_identity(order: np.ndarray) -> bool:
+    return bool(np.array_equal(order, np.arange(order.shape[0])))
 
 
 def return_stats(returns: np.ndarray) -> dict[str, float]:

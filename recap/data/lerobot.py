@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
-from recap.core.episodes import FrameIndexError, find_episodes
+from recap.core.episodes import Episodes, FrameIndexError, find_episodes
 from recap.data.video import VideoCache, decode_image
 from recap.errors import DatasetError, located
 
@@ -219,10 +219,11 @@ class LocalDataset:
 
     # ---- columns --------------------------------------------------------------------------
 
-    def read_columns(self, columns: Sequence[str]) -> pa.Table:
+    def read_columns(self, columns: Sequence[str], check_frames: bool = True) -> pa.Table:
         """Rows of all data files in file order, only ``columns``.
 
-        Requesting both episode_index and frame_index also checks them (``validate_frames``).
+        Requesting both episode_index and frame_index also checks them (``check_frames``) unless
+        ``check_frames`` is False (a caller that runs ``check_frames`` itself to keep its result).
         """
         columns = list(columns)
         tables = []
@@ -231,30 +232,38 @@ class LocalDataset:
             _require_columns(path, pf.schema_arrow.names, columns)
             tables.append(_read_parquet(path, columns, pf))
         table = _concat(tables, self.root / "data")
-        if "episode_index" in columns and "frame_index" in columns:
-            self._check_frames(table)
+        if check_frames and "episode_index" in columns and "frame_index" in columns:
+            self.check_frames(table)
         return table
 
     def validate_frames(self) -> None:
         """Raise DatasetError on duplicate (episode_index, frame_index) rows or frame_index gaps."""
         self.read_columns(["episode_index", "frame_index"])
 
-    def _check_frames(self, table: pa.Table) -> None:
+    def check_frames(self, table: pa.Table) -> Episodes:
+        """Episode layout of ``read_columns`` rows; duplicate or missing frames raise a
+        DatasetError naming the data file that holds the offending row."""
         episode = table.column("episode_index").to_numpy()
         frame = table.column("frame_index").to_numpy()
         try:
-            find_episodes(episode, frame)
+            return find_episodes(episode, frame)
         except FrameIndexError as exc:
             f = np.searchsorted(self._file_offsets, exc.row, side="right") - 1
             raise DatasetError(located(self.data_files[f], exc.message)) from exc
 
     def task_texts(self, task_index: np.ndarray) -> np.ndarray:
         """object[n] task text of each task_index."""
+        return self.task_text_array(task_index).to_numpy(zero_copy_only=False)
+
+    def task_text_array(self, task_index: np.ndarray) -> pa.DictionaryArray:
+        """string[n] task text of each task_index, dictionary-encoded (no per-row Python)."""
         task_index = np.asarray(task_index, dtype=np.int64)
         ids = np.array(sorted(self.tasks), dtype=np.int64)
-        texts = np.array([self.tasks[i] for i in ids.tolist()] + [""], dtype=object)
-        pos = np.searchsorted(ids, task_index)
-        bad = (pos >= ids.size) | (ids[np.minimum(pos, max(ids.size - 1, 0))] != task_index)
+        texts = pa.array([self.tasks[i] for i in ids.tolist()], pa.string())
+        lut = np.full(int(ids.max(initial=-1)) + 2, -1, dtype=np.int32)  # last slot: unknown
+        lut[ids] = np.arange(ids.size, dtype=np.int32)
+        pos = lut[np.where((task_index >= 0) & (task_index < lut.size - 1), task_index, -1)]
+        bad = pos < 0
         if bad.any():
             tasks_file = "tasks.parquet" if self.version == "v3.0" else "tasks.jsonl"
             raise DatasetError(
@@ -264,7 +273,7 @@ class LocalDataset:
                     "add it to the tasks file",
                 )
             )
-        return texts[pos]
+        return pa.DictionaryArray.from_arrays(pa.array(pos), texts)
 
     # ---- frames ---------------------------------------------------------------------------
 

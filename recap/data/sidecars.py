@@ -86,8 +86,7 @@ def json_writer(obj: object) -> Callable[[Path], None]:
 def write_returns(root: str | os.PathLike, tag: str, table: pa.Table, stats: dict) -> Path:
     """Write the Step 1 sidecar and its statistics; returns the parquet path."""
     check_tag(tag)
-    if table.schema != C.RETURNS_SCHEMA:
-        raise DatasetError(f"returns table schema {table.schema} != {C.RETURNS_SCHEMA}")
+    check_schema(table, C.RETURNS_SCHEMA)
     path = sidecar_path(root, RETURNS, tag)
     write_atomic(
         {
@@ -96,6 +95,18 @@ def write_returns(root: str | os.PathLike, tag: str, table: pa.Table, stats: dic
         }
     )
     return path
+
+
+def check_schema(table: pa.Table, expected: pa.Schema) -> None:
+    """``table`` has ``expected``'s fields in order; a string field may be dictionary-encoded
+    (parquet stores both the same way, and ``read_parquet`` returns plain strings)."""
+
+    def plain(t: pa.DataType) -> pa.DataType:
+        return t.value_type if pa.types.is_dictionary(t) else t
+
+    got = [(f.name, plain(f.type)) for f in table.schema]
+    if got != [(f.name, f.type) for f in expected]:
+        raise DatasetError(f"sidecar table schema {table.schema} does not match {expected}")
 
 
 def read_returns(root: str | os.PathLike, tag: str) -> tuple[pa.Table, dict]:

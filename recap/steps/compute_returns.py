@@ -63,42 +63,24 @@ def returns_for_dataset(
                     "'outcome_column' (e.g. 'next.success') or list it with type 'sft'",
                 )
             )
-        table = ds.read_columns(wanted + ([outcome] if spec.type == C.ROLLOUT else []))
-        prompts = task_prompts(ds, table.column(C.TASK_INDEX))
+        table = ds.read_columns(
+            wanted + ([outcome] if spec.type == C.ROLLOUT else []), check_frames=False
+        )
+        episodes = ds.check_frames(table)
+        prompts = ds.task_text_array(table.column(C.TASK_INDEX).to_numpy())
     try:
         sidecar = add_returns(
             table,
             gamma=gamma,
             failure_reward=failure_reward,
-            success=None if spec.type == C.ROLLOUT else _all_true(table),
+            success=None if spec.type == C.ROLLOUT else np.ones(episodes.lengths.size, bool),
             outcome_column=outcome,
             prompts=prompts,
+            episodes=episodes,
         )
     except RecapError as exc:
         raise DatasetError(located(spec.root / "data", str(exc))) from exc
     return ReturnsResult(spec, sidecar, _stats(spec, sidecar, gamma, failure_reward, outcome))
-
-
-def task_prompts(ds: LocalDataset, task_index: pa.ChunkedArray) -> pa.Array:
-    """string[n] task text of each row, dictionary-encoded (no per-row Python work)."""
-    idx = task_index.to_numpy().astype(np.int64)
-    ids = np.array(sorted(ds.tasks), dtype=np.int64)
-    pos = np.searchsorted(ids, idx)
-    bad = (pos >= ids.size) | (ids[np.minimum(pos, ids.size - 1)] != idx) if ids.size else idx >= 0
-    if np.any(bad):
-        raise DatasetError(
-            located(
-                ds.root / "meta",
-                f"task_index {int(idx[np.argmax(bad)])} has no task text; add it to the tasks file",
-            )
-        )
-    texts = pa.array([ds.tasks[i] for i in ids.tolist()], pa.string())
-    return pa.DictionaryArray.from_arrays(pa.array(pos.astype(np.int32)), texts)
-
-
-def _all_true(table: pa.Table) -> np.ndarray:
-    n_episodes = np.unique(table.column(C.EPISODE_INDEX).to_numpy()).size
-    return np.ones(n_episodes, dtype=bool)
 
 
 def _stats(spec: DatasetSpec, table: pa.Table, gamma: float, failure: float, outcome: str):
