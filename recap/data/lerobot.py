@@ -179,7 +179,12 @@ class LocalDataset:
 
     @cached_property
     def data_files(self) -> list[Path]:
-        """Parquet data files in row order, from info.json's ``data_path`` and the episodes."""
+        """Parquet data files in row order, from info.json's ``data_path`` and the episodes.
+
+        v3.0 also takes every ``data/*/*.parquet`` on disk (as LeRobot does): an episode lists
+        only the file holding its first frame, so a file holding only the tail of an episode
+        would otherwise be missed.
+        """
         eps = self.episodes
         if self.version == "v3.0":
             template = self.info.get("data_path") or _V3_DATA_PATH
@@ -188,6 +193,8 @@ class LocalDataset:
             file = eps.column("data/file_index").to_numpy()
             pairs = np.unique(np.stack([chunk, file], axis=1), axis=0)
             names = [template.format(chunk_index=c, file_index=f) for c, f in pairs.tolist()]
+            on_disk = [p.relative_to(self.root).as_posix() for p in self.root.glob("data/*/*")]
+            names = sorted(set(names) | {n for n in on_disk if n.endswith(".parquet")})
         else:
             template = self.info.get("data_path") or _V2_DATA_PATH
             size = int(self.info.get("chunks_size", 1000))

@@ -494,3 +494,19 @@ def test_frame_index_gap_is_reported(tmp_path):
         f"{path}: frame_index: episode 2 has frame 6 where frame 5 was expected (a gap); "
         "frames are missing, restore them or drop the episode"
     )
+
+
+def test_v30_file_holding_only_an_episode_tail_is_read(tmp_path):
+    from recap.data.lerobot_writer import Episode, WriterConfig, write_lerobot_dataset
+
+    def episode(n):
+        return Episode({}, np.zeros((n, 8), np.float32), np.zeros((n, 7), np.float32), "t", True)
+
+    root = tmp_path / "split"
+    write_lerobot_dataset(root, [episode(20), episode(33)], WriterConfig(max_frames_per_file=46))
+    ds = LocalDataset(root)
+    # episode 1 starts in file-000 and ends in file-001; no episode starts in file-001
+    assert [p.name for p in ds.data_files] == ["file-000.parquet", "file-001.parquet"]
+    assert ds.num_frames == 53
+    table = ds.read_columns(["episode_index", "frame_index"])
+    assert table.column("frame_index").to_pylist() == list(range(20)) + list(range(33))

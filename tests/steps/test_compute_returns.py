@@ -205,3 +205,33 @@ def test_script_success_and_failure_exit_codes(tmp_path):
         "--gin_file", str(gin_file), "--gin_param", "compute_returns.gama = 0.9", cwd=tmp_path
     )
     assert unknown.returncode == 2 and "gama" in unknown.stderr
+
+
+def test_episode_spanning_v30_files(tmp_path):
+    import numpy as np
+
+    from recap.data.lerobot_writer import Episode, WriterConfig, write_lerobot_dataset
+
+    def episode(n, ok):
+        return Episode({}, np.zeros((n, 8), np.float32), np.zeros((n, 7), np.float32), "t", ok)
+
+    root = tmp_path / "split"
+    cfg = WriterConfig(max_frames_per_file=4)
+    write_lerobot_dataset(root, [episode(3, True), episode(6, False), episode(2, True)], cfg)
+    assert len(list((root / "data" / "chunk-000").glob("*.parquet"))) == 3
+    compute_returns(datasets=[{"name": "s", "root": str(root)}], tag="")
+    table, stats = read_returns(root, "")
+    assert table.column(C.RETURN).to_pylist() == [
+        -2,
+        -1,
+        0,
+        -305,
+        -304,
+        -303,
+        -302,
+        -301,
+        -300,
+        -1,
+        0,
+    ]
+    assert stats["num_frames"] == 11 and stats["num_successes"] == 2
