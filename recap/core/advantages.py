@@ -2,21 +2,26 @@
 
 For frame t of an episode of length T, lookahead N >= 1 and discount gamma in (0, 1]::
 
-    t + N <  T:  A_t = norm(sum_{k<N}   gamma^k r_{t+k}) + gamma^N V(o_{t+N}) - V(o_t)
-    t + N >= T:  A_t = norm(sum_{k<T-t} gamma^k r_{t+k})                     - V(o_t)
+    t + N <  T:  A_t = norm_sum(sum_{k<N} gamma^k r_{t+k}) + gamma^N V(o_{t+N}) - V(o_t)
+    t + N >= T:  A_t = norm_ret(sum_{k<T-t} gamma^k r_{t+k})                   - V(o_t)
 
-``norm`` is the shared reward-sum map of ``normalize.py`` (``s / scale``; scale = return_max -
-return_min, or the task's longest episode), so Steps 2 and 3 agree for any return range. The window
-sum is a difference of discounted returns, ``S_t = G_t - gamma^N G_{t+N}`` (second term 0 past the
-episode end), so everything is whole-column numpy. ``value_next`` is 0 where the window runs past
-the end (``t + N >= T``): the bootstrap there is 0 and the column shows it.
+with the shared maps of ``normalize.py``: ``norm_sum(s) = s / scale`` (a difference of returns)
+and ``norm_ret(G) = (G - offset) / scale`` (a return; offset = return_max, scale = return_max -
+return_min, or offset 0 and scale = the task's longest episode). Past the end the remainder *is* the
+return G_t, so it takes the return map, the one the value model was trained on: a perfect value
+model (gamma 1) then gives A = 0 on every frame, whatever return_max is. When return_max = 0 (the
+SPEC example) ``norm_ret = norm_sum`` and this is the SPEC formula with bootstrap 0. Window sums
+are whole-column numpy: prefix sums for gamma 1, else ``S_t = G_t - gamma^N G_{t+N}`` (second term
+0 past the end); no loop over frames or episodes. ``value_next`` is 0 where the window runs past
+the end (``t + N >= T``: nothing is bootstrapped there), so ``A = reward_sum + gamma^N value_next
+- value_current`` holds on every row of the sidecar.
 
 Labels: per scope (all frames, per task, per dataset) the threshold is the
 ``1 - positive_quantile`` quantile of A with linear interpolation (``np.percentile``'s default);
 ``advantage = A >= threshold``, or forced positive (frames of listed datasets, e.g. ``sft`` ones;
-frames flagged as human corrections).
-Forced frames still take part in the threshold, as in RLinf: a threshold depends on A and the scope
-only, so toggling a forcing option never moves any other frame's label.
+frames flagged as human corrections). Forced frames still take part in the threshold, as in RLinf:
+a threshold depends on A and the scope only, so toggling a forcing option never moves any other
+frame's label.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from recap.core.normalize import (
     MODES,
     TASK_LENGTH,
     ReturnRange,
+    normalize_returns,
     normalize_reward_sums,
     task_length_scale,
 )
@@ -113,48 +119,124 @@ def check_lookahead(lookahead: int, gamma: float) -> None:
 
 
 def n_step_advantages(
-    returns: np.ndarray,
     values: np.ndarray,
     episodes: Episodes,
     *,
+    rewards: np.ndarray | None = None,
+    returns: np.ndarray | None = None,
     lookahead: int,
     gamma: float,
     scale: np.ndarray | float,
+    offset: np.ndarray | float = 0.0,
 ) -> NStep:
-    """n-step advantages from discounted returns and values (SPEC, Step 3).
+    """n-step advantages from rewards (or discounted returns) and values (SPEC, Step 3).
 
     Args:
-        returns: float64[n] ``G_t`` computed with the same ``gamma``, sorted order.
         values: float64[n] ``V(o_t)``, sorted order.
         episodes: layout from ``find_episodes``.
-        scale: float or float64[n] reward-sum scale (``normalize_reward_sums``).
+        rewards: float64[n] ``r_t`` (preferred), or
+        returns: float64[n] ``G_t`` computed with the same ``gamma``; sorted order.
+        scale, offset: float or float64[n], the shared normalization (``normalize.py``).
     Returns:
-        ``A_t = S_t / scale + gamma^N V_{t+N} - V_t`` with ``S_t = G_t - gamma^N G_{t+N}``
-        when ``t + N < T``, else ``S_t = G_t`` and ``V_{t+N} := 0``.
+        ``t + N < T``: ``A_t = S_t / scale + gamma^N V_{t+N} - V_t`` with
+        ``S_t = sum_{k<N} gamma^k r_{t+k} = G_t - gamma^N G_{t+N}``; else
+        ``A_t = (S_t - offset) / scale - V_t`` with ``S_t = G_t`` and ``value_next = 0``.
     """
     check_lookahead(lookahead, gamma)
-    n = episodes.num_frames
-    row = np.arange(n, dtype=np.int64)
-    ahead = row + lookahead
-    end_of = episodes.end_of
-    has_next = ahead < end_of
-    ahead = np.minimum(ahead, max(n - 1, 0))
-    discount = float(gamma) ** int(lookahead)
-    value_next = np.where(has_next, values[ahead], 0.0)
-    raw = returns - discount * np.where(has_next, returns[ahead], 0.0)
+    tail, tail_remaining = _tail_rows(episodes, lookahead)  # rows with t + N >= T, and T - t
+    raw = _window_sums(episodes, lookahead, gamma, tail, tail_remaining, rewards, returns)
     reward_sum = normalize_reward_sums(raw, scale)
-    advantage = reward_sum + discount * value_next - values
-    num_valid = np.minimum(end_of - row, lookahead).astype(np.int64)
+    if np.ndim(offset) or offset != 0:  # past the end the remainder is a return: return map
+        reward_sum[tail] = normalize_returns(raw[tail], _at(offset, tail), _at(scale, tail))
+    discount = float(gamma) ** int(lookahead)
+    value_next = _ahead(values, lookahead, tail)
+    bootstrap = value_next if discount == 1.0 else discount * value_next
+    advantage = np.add(reward_sum, bootstrap)
+    advantage -= values
+    num_valid = np.full(episodes.num_frames, lookahead, dtype=np.int64)
+    num_valid[tail] = tail_remaining
     return NStep(advantage, reward_sum, raw, value_next, num_valid)
 
 
+def _window_sums(
+    episodes: Episodes,
+    lookahead: int,
+    gamma: float,
+    tail: np.ndarray,
+    tail_remaining: np.ndarray,
+    rewards: np.ndarray | None,
+    returns: np.ndarray | None,
+) -> np.ndarray:
+    """float64[n] ``S_t = sum_{k < min(N, T-t)} gamma^k r_{t+k}``.
+
+    gamma 1 with rewards: prefix sums ``P``, ``S_t = P[t + min(N, T-t)] - P[t]`` (a shift, plus
+    a gather on the tail rows; exact for integer-valued rewards, and otherwise as precise as the
+    global cumulative sum ``discounted_returns`` uses for gamma 1). Otherwise
+    ``S_t = G_t - gamma^N G_{t+N}`` with ``G_{t+N} := 0`` on the tail rows.
+    """
+    if rewards is not None and gamma == 1.0:
+        n = episodes.num_frames
+        prefix = np.empty(n + 1, dtype=np.float64)
+        prefix[0] = 0.0
+        np.cumsum(rewards, out=prefix[1:])
+        raw = np.empty(n, dtype=np.float64)
+        m = max(n + 1 - lookahead, 0)
+        np.subtract(prefix[lookahead:], prefix[:m], out=raw[:m])
+        raw[tail] = prefix[tail + tail_remaining] - prefix[tail]
+        return raw
+    if returns is None:
+        if rewards is None:
+            raise RecapError("n_step_advantages: give rewards or returns")
+        returns = discounted_returns(rewards, episodes, gamma)
+    raw = _ahead(returns, lookahead, tail)  # G_{t+N} (0 past the end), then S_t in place
+    raw *= -(float(gamma) ** int(lookahead))
+    raw += returns
+    return raw
+
+
+def _tail_rows(episodes: Episodes, lookahead: int) -> tuple[np.ndarray, np.ndarray]:
+    """int64[m] sorted rows whose window runs past the end (``T - t <= N``), and their ``T - t``.
+
+    The last ``min(T, N)`` rows of each episode: at most ``min(n, E N)`` rows, built by repeats.
+    """
+    count = np.minimum(episodes.lengths, lookahead)
+    ends = np.repeat(episodes.ends, count)
+    first = np.cumsum(count) - count
+    remaining = np.repeat(count, count) - (np.arange(ends.shape[0]) - np.repeat(first, count))
+    return ends - remaining, remaining
+
+
+def _ahead(x: np.ndarray, k: int, tail: np.ndarray) -> np.ndarray:
+    """float64[n] ``x[i + k]``, 0 on the ``tail`` rows (where ``i + k`` is past the episode)."""
+    out = np.empty(x.shape[0], dtype=np.float64)
+    m = max(x.shape[0] - k, 0)
+    out[:m] = x[k:]
+    out[m:] = 0.0
+    out[tail] = 0.0
+    return out
+
+
+def _at(x: np.ndarray | float, rows: np.ndarray) -> np.ndarray | float:
+    return x[rows] if np.ndim(x) else x
+
+
 def quantile_threshold(advantages: np.ndarray, positive_quantile: float) -> float:
-    """float64[n] -> ``np.percentile(A, 100 (1 - q))``, linear interpolation (SPEC)."""
+    """float64[n] -> ``np.quantile(A, 1 - q)`` (linear interpolation), bit for bit (SPEC).
+
+    numpy interpolates between the order statistics at ``floor(v)`` and ``floor(v) + 1`` with
+    ``v = (n - 1)(1 - q)``; one single-k ``np.partition`` finds them (several times faster than
+    ``np.quantile``'s multi-k partition) and ``np.quantile`` of that pair at ``v - floor(v)``
+    applies numpy's own interpolation to them.
+    """
     q = check_positive_quantile(positive_quantile)
     a = np.asarray(advantages, dtype=np.float64)
     if a.size == 0:
         raise RecapError("advantage_continuous: no frames to threshold")
-    return float(np.quantile(a, 1.0 - q))
+    virtual = (a.size - 1) * (1.0 - q)
+    k = min(int(np.floor(virtual)), a.size - 1)
+    part = np.partition(a, k)
+    pair = np.array([part[k], part[k + 1 :].min() if k + 1 < a.size else part[k]])
+    return float(np.quantile(pair, virtual - k))
 
 
 def group_thresholds(
@@ -163,10 +245,12 @@ def group_thresholds(
     """float64[G] ``quantile_threshold`` per group; ``groups`` int64[n] codes in [0, G).
 
     One stable sort, then a loop over groups (datasets or tasks, never frames or episodes).
+    Thresholds do not depend on the sort's tie order; each group's quantile is numpy's.
     """
     if num_groups == 1:
         return np.array([quantile_threshold(advantages, positive_quantile)])
-    ordered = advantages[np.argsort(groups, kind="stable")]
+    small = groups.astype(np.int16) if num_groups <= np.iinfo(np.int16).max else groups
+    ordered = advantages[np.argsort(small, kind="stable")]  # int16: an O(n) radix sort
     bounds = np.concatenate([[0], np.cumsum(np.bincount(groups, minlength=num_groups))])
     return np.array(
         [
@@ -213,18 +297,23 @@ def add_advantages(
     check_lookahead(lookahead, gamma)
     layout = frame_layout(table, dataset_name)
     values = finite_column(table, value_column, layout)
-    returns = raw_return = _returns(table, layout, gamma)
-    if C.REWARD in table.column_names and C.RETURN in table.column_names:
-        raw_return = finite_column(table, C.RETURN, layout)
+    rewards, returns = _reward_columns(table, layout, gamma)
     needs_tasks = labels.scope == SCOPE_PER_TASK or normalization == TASK_LENGTH
     tasks = task_keys(table, layout) if needs_tasks else None
-    scale = _scale(normalization, return_range, tasks, layout.episodes)
+    offset, scale = _normalization(normalization, return_range, tasks, layout.episodes)
     nstep = n_step_advantages(
-        returns, values, layout.episodes, lookahead=lookahead, gamma=gamma, scale=scale
+        values,
+        layout.episodes,
+        rewards=rewards,
+        returns=returns if rewards is None else None,
+        lookahead=lookahead,
+        gamma=gamma,
+        scale=scale,
+        offset=offset,
     )
     label, record = _label(nstep.advantage, table, layout, tasks, labels)
     record.update(_computation_record(normalization, return_range, lookahead, gamma))
-    columns = [layout.episode_index, layout.frame_index, nstep.advantage, raw_return, values]
+    columns = [layout.episode_index, layout.frame_index, nstep.advantage, returns, values]
     columns += [nstep.value_next, nstep.reward_sum, nstep.reward_sum_raw, nstep.num_valid]
     arrays = [pa.array(c) for c in columns] + [layout.dataset_column(), pa.array(label)]
     return with_labeling(pa.Table.from_arrays(arrays, schema=C.ADVANTAGES_SCHEMA), record)
@@ -261,12 +350,15 @@ def with_labeling(table: pa.Table, record: dict) -> pa.Table:
     return table.replace_schema_metadata(meta)
 
 
-def _returns(table: pa.Table, layout: FrameLayout, gamma: float) -> np.ndarray:
-    """float64[n] ``G_t``: from ``reward`` with ``gamma`` when present, else the ``return``."""
-    if C.REWARD in table.column_names:
-        rewards = finite_column(table, C.REWARD, layout)
-        return discounted_returns(rewards, layout.episodes, gamma)
-    return finite_column(table, C.RETURN, layout)
+def _reward_columns(
+    table: pa.Table, layout: FrameLayout, gamma: float
+) -> tuple[np.ndarray | None, np.ndarray]:
+    """float64[n] rewards (None without a ``reward`` column) and the ``return`` column, which
+    is recomputed from the rewards with ``gamma`` when the table has none."""
+    rewards = finite_column(table, C.REWARD, layout) if C.REWARD in table.column_names else None
+    if C.RETURN in table.column_names or rewards is None:
+        return rewards, finite_column(table, C.RETURN, layout)
+    return rewards, discounted_returns(rewards, layout.episodes, gamma)
 
 
 def _computation_record(mode: str, rng: ReturnRange | None, lookahead: int, gamma: float) -> dict:
@@ -279,20 +371,20 @@ def _computation_record(mode: str, rng: ReturnRange | None, lookahead: int, gamm
     }
 
 
-def _scale(
+def _normalization(
     mode: str, rng: ReturnRange | None, tasks: TaskKeys | None, episodes: Episodes
-) -> np.ndarray | float:
-    """Reward-sum scale: ``max - min`` (global), or per frame its task's longest episode."""
+) -> tuple[float, np.ndarray | float]:
+    """(offset, scale): (max, max - min) globally, or (0, the frame's task's longest episode)."""
     if mode not in MODES:
         raise RecapError(f"normalization: {mode!r} is not one of {list(MODES)}")
     if mode == TASK_LENGTH:
-        return task_length_scale(tasks.codes, episodes.lengths[episodes.episode_of])
+        return 0.0, task_length_scale(tasks.codes, episodes.lengths[episodes.episode_of])
     if rng is None:
         raise RecapError(
             "return_range: global normalization needs the training return range; pass "
             "ReturnRange(return_min, return_max) from the Step 1 statistics"
         )
-    return rng.scale
+    return rng.offset, rng.scale
 
 
 def _label(
@@ -322,16 +414,16 @@ def _label(
         "correction_column": opts.correction_column,
         "num_frames": int(advantage.shape[0]),
         "num_positive": int(np.count_nonzero(labels)),
-        "num_forced_positive": int(np.count_nonzero(forced & (advantage < per_frame))),
+        "num_forced_positive": 0
+        if forced is None
+        else int(np.count_nonzero(forced & (advantage < per_frame))),
     }
 
 
-def _forced(table: pa.Table, layout: FrameLayout, opts: LabelOptions) -> np.ndarray:
-    """bool[n] frames forced positive: those of listed datasets, and flagged corrections."""
-    listed = [
-        i for i, name in enumerate(layout.dataset_names) if name in opts.force_positive_datasets
-    ]
-    forced = np.isin(layout.dataset_codes, listed)
+def _forced(table: pa.Table, layout: FrameLayout, opts: LabelOptions) -> np.ndarray | None:
+    """bool[n] frames forced positive (listed datasets, flagged corrections); None if none."""
+    listed = [i for i, n in enumerate(layout.dataset_names) if n in opts.force_positive_datasets]
+    forced = np.isin(layout.dataset_codes, listed) if listed else None
     column = opts.correction_column
     if column and column in table.column_names:
         flags = table.column(column)
@@ -339,7 +431,8 @@ def _forced(table: pa.Table, layout: FrameLayout, opts: LabelOptions) -> np.ndar
             raise RecapError(
                 f"{column}: {flags.null_count} null values; mark every frame True or False"
             )
-        forced |= layout.take(np.asarray(flags.to_numpy(), dtype=bool))
+        flags = layout.take(np.asarray(flags.to_numpy(), dtype=bool))
+        forced = flags if forced is None else forced | flags
     return forced
 
 
@@ -350,8 +443,8 @@ def _forced(table: pa.Table, layout: FrameLayout, opts: LabelOptions) -> np.ndar
 class FrameLayout:
     """Rows of a frame table keyed by (dataset, episode, frame), in "layout order".
 
-    Layout order is sorted (dataset_name, episode_index, frame_index) when ``order`` is set,
-    else the table's own row order. Arrays are [n] in layout order.
+    Layout order is sorted (dataset_name, episode_index, frame_index) for a sorted layout, else
+    the table's own row order. Arrays are [n] in layout order.
 
     Attributes:
         order: int64[n] row permutation into layout order, or None (identity).
@@ -373,9 +466,7 @@ class FrameLayout:
 
     def dataset_column(self) -> pa.Array:
         """string[n] dataset name per row (layout order)."""
-        names = pa.array(self.dataset_names, pa.string())
-        codes = pa.array(self.dataset_codes.astype(np.int32))
-        return pa.DictionaryArray.from_arrays(codes, names).cast(pa.string())
+        return pc.take(pa.array(self.dataset_names, pa.string()), pa.array(self.dataset_codes))
 
 
 @dataclass(frozen=True)
@@ -400,10 +491,9 @@ def frame_layout(table: pa.Table, dataset_name: str | None, *, sort: bool = True
         return FrameLayout(None, None, codes, names, episode, frame)
     episodes = _find_episodes(episode, frame, codes, names)
     order = episodes.order
-    if np.array_equal(order, np.arange(order.shape[0])):
-        order = None
-    take = (lambda v: v) if order is None else (lambda v: v[order])
-    return FrameLayout(order, episodes, take(codes), names, take(episode), take(frame))
+    if np.all(order[1:] > order[:-1]):  # an increasing permutation is the identity
+        return FrameLayout(None, episodes, codes, names, episode, frame)
+    return FrameLayout(order, episodes, codes[order], names, episode[order], frame[order])
 
 
 def _find_episodes(episode: np.ndarray, frame: np.ndarray, codes: np.ndarray, names: list[str]):
@@ -443,14 +533,20 @@ def task_keys(table: pa.Table, layout: FrameLayout) -> TaskKeys:
 
 
 def encode_strings(column: pa.ChunkedArray, name: str) -> tuple[np.ndarray, list[str]]:
-    """string[n] -> (int64[n] codes, sorted distinct strings); nulls are an error."""
-    if pa.types.is_dictionary(column.type):
-        column = column.cast(pa.string())
+    """string[n] (plain or dictionary) -> (int64[n] codes, sorted distinct strings)."""
     if column.null_count:
         raise RecapError(f"{name}: {column.null_count} null values; every row needs a {name}")
-    distinct = sorted(pc.unique(column).to_pylist())
-    codes = pc.index_in(column, value_set=pa.array(distinct, pa.string()))
-    return np.asarray(codes.to_numpy(), dtype=np.int64), distinct
+    if not pa.types.is_dictionary(column.type):
+        column = pc.dictionary_encode(column)
+    encoded = column.combine_chunks() if column.num_chunks else pa.array([], column.type)
+    words = encoded.dictionary.cast(pa.string()).to_pylist()
+    indices = np.asarray(encoded.indices.to_numpy(), dtype=np.int64)
+    present = np.flatnonzero(np.bincount(indices, minlength=len(words)))  # skip unused entries
+    distinct = sorted({words[i] for i in present})
+    position = {w: i for i, w in enumerate(distinct)}
+    remap = np.zeros(len(words), dtype=np.int64)
+    remap[present] = [position[words[i]] for i in present]
+    return remap[indices], distinct
 
 
 _FIXES = {
@@ -467,6 +563,8 @@ def finite_column(table: pa.Table, name: str, layout: FrameLayout) -> np.ndarray
     if name not in table.column_names:
         raise RecapError(f"{name}: column missing (have {table.column_names}); {fix}")
     values = layout.take(np.asarray(table.column(name).to_numpy(), dtype=np.float64))
+    if np.isfinite(np.sum(values)):  # NaN and inf propagate into the sum: one cheap pass
+        return values
     bad = ~np.isfinite(values)
     if bad.any():
         i = int(np.argmax(bad))

@@ -7,6 +7,7 @@ everything here works on the whole column at once (one ``np.lexsort``), never pe
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -30,7 +31,7 @@ class Episodes:
         episode_ids: int64[E] distinct episode ids, ascending.
         starts: int64[E] first sorted position of each episode.
         lengths: int64[E] number of frames of each episode.
-        episode_of: int64[n] position in ``episode_ids`` of each sorted row.
+        first: bool[n] whether each sorted row starts an episode.
         position: int64[n] per sorted row, its frame t within the episode (0..T-1).
     """
 
@@ -38,8 +39,13 @@ class Episodes:
     episode_ids: np.ndarray
     starts: np.ndarray
     lengths: np.ndarray
-    episode_of: np.ndarray
+    first: np.ndarray
     position: np.ndarray
+
+    @cached_property
+    def episode_of(self) -> np.ndarray:
+        """int64[n] position in ``episode_ids`` of each sorted row."""
+        return np.cumsum(self.first, dtype=np.int64) - 1
 
     @property
     def num_frames(self) -> int:
@@ -87,41 +93,71 @@ def find_episodes(episode_index: np.ndarray, frame_index: np.ndarray) -> Episode
     n = episode_index.shape[0]
     if n == 0:
         empty = np.zeros(0, dtype=np.int64)
-        return Episodes(empty, empty, empty, empty, empty, empty)
-    if _is_sorted(episode_index, frame_index):  # the usual case: skip the O(n log n) sort
-        order = np.arange(n, dtype=np.int64)
-        ep, fr = episode_index, frame_index
-    else:
+        return Episodes(empty, empty, empty, empty, np.zeros(0, dtype=bool), empty)
+    step_ep, step_fr = np.diff(episode_index), np.diff(frame_index)
+    if _sorted_and_consecutive(step_ep, step_fr) and frame_index[0] == 0:
+        # the usual case, checked in one pass: no sort, and only episode starts left to check
+        new_episode = np.empty(n, dtype=bool)
+        new_episode[0] = True
+        np.not_equal(step_ep, 0, out=new_episode[1:])
+        starts = np.flatnonzero(new_episode)
+        if not frame_index[starts].any():
+            order = np.arange(n, dtype=np.int64)
+            return Episodes(
+                order,
+                episode_index[starts],
+                starts,
+                np.diff(starts, append=n),
+                new_episode,
+                frame_index,
+            )
+    if not _is_sorted(step_ep, step_fr):
         order = np.lexsort((frame_index, episode_index))
         ep, fr = episode_index[order], frame_index[order]
+        step_ep, step_fr = np.diff(ep), np.diff(fr)
+    else:
+        order = np.arange(n, dtype=np.int64)
+        ep, fr = episode_index, frame_index
     new_episode = np.empty(n, dtype=bool)
     new_episode[0] = True
-    np.not_equal(ep[1:], ep[:-1], out=new_episode[1:])
-    starts = np.flatnonzero(new_episode).astype(np.int64)
-    lengths = np.diff(np.append(starts, n)).astype(np.int64)
-    episode_of = np.cumsum(new_episode, dtype=np.int64) - 1
-    expected = np.arange(n, dtype=np.int64) - starts[episode_of]
-    bad = np.flatnonzero(fr != expected)
-    if bad.size:
-        i = int(bad[0])
-        raise FrameIndexError(_frame_error(ep, fr, expected, i), row=int(order[i]))
-    return Episodes(order.astype(np.int64), ep[starts], starts, lengths, episode_of, expected)
+    np.not_equal(step_ep, 0, out=new_episode[1:])
+    starts = np.flatnonzero(new_episode)
+    # valid iff each episode starts at frame 0 and then steps by exactly 1 (fr is then position)
+    bad_step = ~new_episode[1:] & (step_fr != 1)
+    bad_start = fr[starts] != 0
+    if bad_step.any() or bad_start.any():
+        i = _first_bad_row(starts, bad_start, bad_step)
+        raise FrameIndexError(_frame_error(ep, fr, new_episode, i), row=int(order[i]))
+    return Episodes(order, ep[starts], starts, np.diff(starts, append=n), new_episode, fr)
 
 
-def _is_sorted(ep: np.ndarray, fr: np.ndarray) -> bool:
-    """Whether rows are already in strictly increasing (episode, frame) order."""
-    step_ep, step_fr = ep[1:] - ep[:-1], fr[1:] - fr[:-1]
+def _sorted_and_consecutive(step_ep: np.ndarray, step_fr: np.ndarray) -> bool:
+    """Rows sorted by episode with frames stepping by exactly 1 inside each episode."""
+    return bool(np.all((step_ep > 0) | ((step_ep == 0) & (step_fr == 1))))
+
+
+def _is_sorted(step_ep: np.ndarray, step_fr: np.ndarray) -> bool:
+    """Whether rows are in strictly increasing (episode, frame) order, from their steps."""
     return bool(np.all((step_ep > 0) | ((step_ep == 0) & (step_fr > 0))))
 
 
-def _frame_error(ep: np.ndarray, fr: np.ndarray, expected: np.ndarray, i: int) -> str:
-    """Explain the first sorted row whose frame_index is not its position in the episode."""
-    if i > 0 and ep[i] == ep[i - 1] and fr[i] == fr[i - 1]:
+def _first_bad_row(starts: np.ndarray, bad_start: np.ndarray, bad_step: np.ndarray) -> int:
+    """The first sorted row that breaks the 0, 1, 2, ... frame sequence."""
+    candidates = [int(starts[np.argmax(bad_start)])] if bad_start.any() else []
+    if bad_step.any():
+        candidates.append(int(np.argmax(bad_step)) + 1)
+    return min(candidates)
+
+
+def _frame_error(ep: np.ndarray, fr: np.ndarray, new_episode: np.ndarray, i: int) -> str:
+    """Explain the sorted row ``i`` whose frame_index breaks its episode's 0..T-1 sequence."""
+    if not new_episode[i] and fr[i] == fr[i - 1]:
         return (
             f"episode_index/frame_index: duplicate row (episode_index={ep[i]}, "
             f"frame_index={fr[i]}); remove the extra rows or re-export the dataset"
         )
+    expected = 0 if new_episode[i] else fr[i - 1] + 1
     return (
-        f"frame_index: episode {ep[i]} has frame {fr[i]} where frame {expected[i]} was expected "
+        f"frame_index: episode {ep[i]} has frame {fr[i]} where frame {expected} was expected "
         "(a gap); frames are missing, restore them or drop the episode"
     )

@@ -9,12 +9,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+import gin
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from tqdm.auto import tqdm
 
-import gin
 from recap import __version__
 from recap.core import columns as C
 from recap.core.returns import (

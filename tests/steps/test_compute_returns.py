@@ -3,11 +3,11 @@ import os
 import subprocess
 import sys
 
+import gin
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import gin
 from recap.core import columns as C
 from recap.data.sidecars import read_returns
 from recap.errors import DatasetError, one_line
