@@ -15,7 +15,7 @@ setup(
     install_requires=[
         "torch>=2.4",
         "deepspeed>=0.15",
-        "transformers>=4.50",
+        "transformers>=5.0",  # the value model calls decoder layers with 5.x signatures
         "accelerate>=0.34",
         "pyarrow>=14",
         "numpy>=1.24",

@@ -1,0 +1,194 @@
+"""Small data transforms: prompts, tokenization, camera images and training augmentation.
+
+Images: frames arrive as uint8[N, H, W, 3] (``LocalDataset.frames``). They are resized to
+``size x size`` keeping the aspect ratio and padding with black (openpi / RLinf
+``resize_with_pad``: nothing is cropped away or stretched), then mapped to float32 [-1, 1]
+(``x / 127.5 - 1``), channels first. Training augmentation (openpi's, per image, every draw from
+one ``torch.Generator`` so a seed reproduces it): non-wrist cameras get a random 95% crop and a
+rotation in [-5, 5] degrees (one ``affine_grid`` + ``grid_sample``, black outside); all cameras
+get brightness x[0.7, 1.3], contrast x[0.6, 1.4] and saturation x[0.5, 1.5] jitter. Eval: none.
+Everything is vectorized over N; torchvision is not used.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import string
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from recap.errors import RecapError
+
+log = logging.getLogger(__name__)
+
+IMAGE_SIZE = 224
+MAX_TOKENS = 200
+NUM_CAMERAS = 3  # base, left wrist, right wrist
+CROP_SCALE = 0.95
+MAX_ROTATION_DEG = 5.0
+BRIGHTNESS, CONTRAST, SATURATION = (0.7, 1.3), (0.6, 1.4), (0.5, 1.5)
+GRAY_WEIGHTS = (0.299, 0.587, 0.114)  # ITU-R 601 luma, as torchvision
+_TRAILING = string.punctuation.replace('"', "").replace("'", "") + string.whitespace
+
+
+def clean_task(task: str) -> str:
+    """Lower-case, ``_`` and newlines to spaces, whitespace collapsed, trailing punctuation
+    (except quotes) stripped: ``"Pick_up the bowl!\\n"`` -> ``"pick up the bowl"``."""
+    text = task.lower().replace("_", " ").replace("\n", " ")
+    return " ".join(text.split()).rstrip(_TRAILING)
+
+
+def build_prompt(task: str) -> str:
+    """The value-model prompt ``"Task: {clean_task(task)}."``."""
+    return f"Task: {clean_task(task)}."
+
+
+def load_tokenizer(path: str | os.PathLike):
+    """The tokenizer saved in a local model directory (never the network)."""
+    from transformers import AutoTokenizer
+
+    path = Path(path)
+    names = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
+    if not any((path / n).is_file() for n in names):
+        raise RecapError(
+            f"{path}: no tokenizer ({' / '.join(names)}); pass the local Gemma3 model directory "
+            "that holds its tokenizer files"
+        )
+    return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+
+
+def tokenize_prompts(
+    tokenizer, prompts: Sequence[str], max_length: int = MAX_TOKENS
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ids int64[B, max_length], mask bool[B, max_length])``: BOS + the prompt's tokens, right
+    padded with the pad id (0 when the tokenizer has none) and truncated to ``max_length``."""
+    bos = tokenizer.bos_token_id
+    if bos is None:
+        raise RecapError("tokenizer: no bos_token_id; use the Gemma3 tokenizer (it defines <bos>)")
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    encoded = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
+    ids = torch.full((len(encoded), max_length), pad, dtype=torch.long)
+    mask = torch.zeros((len(encoded), max_length), dtype=torch.bool)
+    for row, tokens in enumerate(encoded):
+        seq = [bos, *tokens][:max_length]
+        if len(tokens) + 1 > max_length:
+            log.warning("prompt of %d tokens truncated to %d", len(tokens) + 1, max_length)
+        ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+        mask[row, : len(seq)] = True
+    return ids, mask
+
+
+def to_unit_images(frames: np.ndarray | torch.Tensor) -> torch.Tensor:
+    """uint8[N, H, W, 3] -> float32[N, 3, H, W] in [0, 1]."""
+    frames = torch.as_tensor(np.asarray(frames) if not torch.is_tensor(frames) else frames)
+    return frames.permute(0, 3, 1, 2).float() / 255.0
+
+
+def resize_with_pad(images: torch.Tensor, size: int = IMAGE_SIZE) -> torch.Tensor:
+    """float[N, 3, H, W] -> float[N, 3, size, size]: bilinear (antialiased) resize of the longer
+    side to ``size``, centred, padded with 0 (black in [0, 1]); unchanged when already square."""
+    height, width = images.shape[-2:]
+    if (height, width) == (size, size):
+        return images
+    ratio = max(width / size, height / size)
+    new_h, new_w = int(height / ratio), int(width / ratio)
+    resized = F.interpolate(images, size=(new_h, new_w), mode="bilinear", align_corners=False,
+                            antialias=True).clamp(0.0, 1.0)  # fmt: skip
+    top, left = (size - new_h) // 2, (size - new_w) // 2
+    return F.pad(resized, (left, size - new_w - left, top, size - new_h - top), value=0.0)
+
+
+def _uniform(n: int, low: float, high: float, generator: torch.Generator | None) -> torch.Tensor:
+    return low + (high - low) * torch.rand(n, generator=generator)
+
+
+def augment_geometry(
+    images: torch.Tensor, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """float[N, 3, H, W] in [0, 1]: a random ``CROP_SCALE`` crop (resized back) rotated by
+    U[-5, 5] degrees, per image; pixels from outside the image are black."""
+    n, _, height, width = images.shape
+    angle = _uniform(n, -MAX_ROTATION_DEG, MAX_ROTATION_DEG, generator) * math.pi / 180
+    shift = _uniform(2 * n, -(1 - CROP_SCALE), 1 - CROP_SCALE, generator).view(n, 2)
+    cos, sin = angle.cos(), angle.sin()
+    theta = torch.stack(
+        [
+            torch.stack([cos, -sin * height / width, shift[:, 0]], dim=1),
+            torch.stack([sin * width / height, cos, shift[:, 1]], dim=1),
+        ],
+        dim=1,
+    )
+    theta[:, :, :2] *= CROP_SCALE
+    grid = F.affine_grid(theta.to(images.dtype), list(images.shape), align_corners=False)
+    return F.grid_sample(images, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+
+
+def augment_color(images: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """float[N, 3, H, W] in [0, 1]: brightness, contrast (around the mean gray), saturation
+    (around each pixel's gray) jitter with per-image factors; clamped to [0, 1] after each."""
+    n = images.shape[0]
+    weights = torch.tensor(GRAY_WEIGHTS, dtype=images.dtype).view(1, 3, 1, 1)
+    factors = [_uniform(n, *r, generator).view(n, 1, 1, 1) for r in (BRIGHTNESS, CONTRAST,
+                                                                     SATURATION)]  # fmt: skip
+    images = (images * factors[0]).clamp(0.0, 1.0)
+    mean = (images * weights).sum(dim=1, keepdim=True).mean(dim=(2, 3), keepdim=True)
+    images = ((images - mean) * factors[1] + mean).clamp(0.0, 1.0)
+    gray = (images * weights).sum(dim=1, keepdim=True)
+    return ((images - gray) * factors[2] + gray).clamp(0.0, 1.0)
+
+
+def prepare_images(
+    frames: np.ndarray | torch.Tensor,
+    size: int = IMAGE_SIZE,
+    train: bool = False,
+    wrist: bool = False,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """uint8[N, H, W, 3] -> float32[N, 3, size, size] in [-1, 1], augmented when ``train``
+    (geometry only for non-``wrist`` cameras)."""
+    images = resize_with_pad(to_unit_images(frames), size)
+    if train:
+        if not wrist:
+            images = augment_geometry(images, generator)
+        images = augment_color(images, generator)
+    return images * 2.0 - 1.0
+
+
+def is_wrist(camera: str) -> bool:
+    """Wrist cameras are those whose key names a wrist (``wrist_image``, ``left_wrist_0_rgb``)."""
+    return "wrist" in camera.lower()
+
+
+def camera_images(
+    frames: Mapping[str, np.ndarray | torch.Tensor | None],
+    cameras: Sequence[str],
+    size: int = IMAGE_SIZE,
+    num_slots: int = NUM_CAMERAS,
+    train: bool = False,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(images float32[N, num_slots, 3, size, size], masks bool[N, num_slots])``.
+
+    ``cameras``: keys in slot order (``KeyMap.cameras``: base, left wrist, right wrist); a slot
+    without a camera, or whose frames are missing/None, is a zero image with mask False.
+    """
+    if len(cameras) > num_slots:
+        raise RecapError(f"key map: {len(cameras)} cameras {tuple(cameras)} but the model has "
+                         f"{num_slots} slots; drop cameras from the key map")  # fmt: skip
+    present = [frames.get(k) for k in cameras]
+    n = next((len(f) for f in present if f is not None), None)
+    if n is None:
+        raise RecapError(f"frames: none of the cameras {tuple(cameras)} present; check the key map")
+    images = torch.zeros(n, num_slots, 3, size, size)
+    masks = torch.zeros(n, num_slots, dtype=torch.bool)
+    for slot, (key, slot_frames) in enumerate(zip(cameras, present)):
+        if slot_frames is not None:
+            images[:, slot] = prepare_images(slot_frames, size, train, is_wrist(key), generator)
+            masks[:, slot] = True
+    return images, masks
