@@ -1,0 +1,159 @@
+"""Checkpoints of a run directory: resume plan, save/restore, pruning, and the final export.
+
+Layout of ``run_dir``::
+
+    checkpoints/latest                 DeepSpeed's pointer to the newest complete checkpoint
+    checkpoints/step_{N}/              DeepSpeed ZeRO files + recap_state.json (step, world size)
+    model.safetensors                  consolidated weights, loadable without DeepSpeed
+
+``recap_state.json`` is written before DeepSpeed saves and ``latest`` moves only after it finished,
+so ``latest`` never points at a half-written checkpoint. ZeRO checkpoints are tied to the world
+size; a checkpoint of another world size is refused with the command that converts it to
+DeepSpeed's universal format, after which the same command resumes from the conversion.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from recap.engine import distributed
+from recap.engine.inference import TIED_KEY
+from recap.errors import RecapError
+
+CHECKPOINTS = "checkpoints"
+STATE_FILE = "recap_state.json"
+EXPORT_FILE = "model.safetensors"
+TAG = re.compile(r"^step_(\d+)$")
+
+
+@dataclass(frozen=True)
+class ResumePlan:
+    """Which checkpoint to load (``tag`` None: start fresh) and whether it is universal."""
+
+    tag: str | None = None
+    step: int = 0
+    universal: bool = False
+
+
+def _write_json_atomic(path: Path, payload: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(payload, indent=1))
+    os.replace(tmp, path)
+
+
+def plan_resume(run_dir: Path, world_size: int, config: dict) -> ResumePlan:
+    """Read ``checkpoints/latest`` (no process group needed); refuse a foreign world size."""
+    root = Path(run_dir) / CHECKPOINTS
+    latest = root / "latest"
+    if not latest.is_file():
+        return ResumePlan()
+    tag = latest.read_text().strip()
+    state_file = root / tag / STATE_FILE
+    if not state_file.is_file():
+        raise RecapError(
+            f"{state_file}: missing; {root / tag} is not a recap checkpoint — "
+            f"delete {latest} to start over"
+        )
+    state = json.loads(state_file.read_text())
+    if state.get("global_batch_size") != config["train_batch_size"]:
+        print(
+            f"warning: {state_file}: global batch {state.get('global_batch_size')} differs from "
+            f"{config['train_batch_size']}; data order after the resume changes"
+        )
+    if state["world_size"] == world_size:
+        return ResumePlan(tag, int(state["step"]), False)
+    universal = root / "latest_universal"
+    if universal.is_file() and universal.read_text().strip().startswith(tag):
+        return ResumePlan(universal.read_text().strip(), int(state["step"]), True)
+    raise RecapError(
+        f"{root / tag}: checkpoint saved with world size {state['world_size']} but this run has "
+        f"{world_size}; relaunch with {state['world_size']} ranks, or convert it once with "
+        f"'python -m deepspeed.checkpoint.ds_to_universal --input_folder {root / tag} "
+        f"--output_folder {root / tag}_universal' and rerun the same command"
+    )
+
+
+def restore(engine, run_dir: Path, plan: ResumePlan) -> int:
+    """Load the planned checkpoint into ``engine``; returns the number of completed steps."""
+    if plan.tag is None:
+        return 0
+    root = Path(run_dir) / CHECKPOINTS
+    path, client_state = engine.load_checkpoint(str(root), tag=plan.tag)
+    if path is None:
+        raise RecapError(
+            f"{root / plan.tag}: DeepSpeed could not load this checkpoint; delete "
+            f"{root / 'latest'} to start over"
+        )
+    return int((client_state or {}).get("step", plan.step))
+
+
+def save(engine, run_dir: Path, step: int, config: dict, keep: int) -> None:
+    """Save ``checkpoints/step_{step}`` on all ranks, then prune to the ``keep`` newest (rank 0)."""
+    root = Path(run_dir) / CHECKPOINTS
+    tag = f"step_{step}"
+    if distributed.is_main():
+        _write_json_atomic(
+            root / tag / STATE_FILE,
+            {
+                "step": step,
+                "world_size": distributed.world_size(),
+                "global_batch_size": config["train_batch_size"],
+                "micro_batch_size": config["train_micro_batch_size_per_gpu"],
+            },
+        )
+    distributed.barrier()
+    engine.save_checkpoint(str(root), tag=tag, client_state={"step": step})
+    distributed.barrier()
+    if distributed.is_main() and keep > 0:
+        tags = sorted((int(m.group(1)), p) for p in root.iterdir() if (m := TAG.match(p.name)))
+        for _, old in tags[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _untie(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Keep one copy of weights that share memory; map each dropped name to its kept source."""
+    kept, tied, seen = {}, {}, {}
+    for name, tensor in state.items():
+        key = (tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tuple(tensor.stride()))
+        if tensor.numel() and key in seen:
+            tied[name] = seen[key]
+            continue
+        seen[key] = name
+        kept[name] = tensor.detach().cpu().contiguous()
+    return kept, tied
+
+
+def save_exported(state: dict[str, torch.Tensor], path: Path, step: int) -> Path:
+    """Write ``state`` atomically as safetensors; tied aliases go in the metadata."""
+    from safetensors.torch import save_file
+
+    kept, tied = _untie(state)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    save_file(
+        kept, str(tmp), metadata={"format": "pt", TIED_KEY: json.dumps(tied), "step": str(step)}
+    )
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+    return path
+
+
+def export(engine, run_dir: Path, step: int) -> Path:
+    """Gather the full weights (ZeRO-3: all ranks take part) and write ``model.safetensors``."""
+    if engine.zero_optimization_partition_weights():
+        state = engine._zero3_consolidated_16bit_state_dict()
+    else:
+        state = engine.module.state_dict() if distributed.is_main() else None
+    path = Path(run_dir) / EXPORT_FILE
+    if distributed.is_main():
+        save_exported(state, path, step)
+    distributed.barrier()
+    return path

@@ -1,0 +1,298 @@
+"""The training loop on a DeepSpeed engine: step, log, evaluate, save, resume, export.
+
+``fit`` is the whole story: plan the resume (before any process group, so a bad checkpoint is a
+quick one-line error), start the ranks, build the model (partitioned at construction under
+ZeRO-3), restore the latest checkpoint of the run directory, then ``train_step`` / ``maybe_log`` /
+``maybe_evaluate`` / ``maybe_save`` until ``max_steps``, and finally export the consolidated
+weights to ``run_dir/model.safetensors``. Restarting the same command resumes. Data order and
+per-step seeds depend only on (seed, step), so a resumed run reproduces the uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gin
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from recap.engine import accelerator, distributed
+from recap.engine import checkpointing as ckpt
+from recap.engine.deepspeed_config import for_deepspeed, lr_scheduler_factory, param_groups
+from recap.engine.inference import predict
+from recap.engine.tracking import Tracker
+
+
+@dataclass
+class LoopOptions:
+    """What the loop does and when; ``0`` for an interval means "only at the last step"."""
+
+    run_dir: Path
+    max_steps: int
+    log_every: int = 10
+    eval_every: int = 0
+    save_every: int = 0
+    keep_checkpoints: int = 2
+    seed: int = 0
+    eval_batch_size: int | None = None
+    num_workers: int = 0
+    step_name: str = "train"
+
+
+@dataclass
+class FitResult:
+    """Last logged train metrics and eval metrics (rank 0; empty elsewhere), export path."""
+
+    step: int
+    train_metrics: dict[str, float] = field(default_factory=dict)
+    eval_metrics: dict[str, float] = field(default_factory=dict)
+    export_path: Path | None = None
+
+
+class Stopwatch:
+    """Named timers that can never crash a run: a missing timer reads 0 with a warning."""
+
+    def __init__(self):
+        self.totals: dict[str, float] = {}
+        self.counts: dict[str, int] = {}
+
+    def add(self, name: str, seconds: float) -> None:
+        self.totals[name] = self.totals.get(name, 0.0) + seconds
+        self.counts[name] = self.counts.get(name, 0) + 1
+
+    def mean_ms(self, name: str) -> float:
+        if not self.counts.get(name):
+            warnings.warn(f"timer {name!r} has not been recorded; reporting 0", stacklevel=2)
+            return 0.0
+        return 1000.0 * self.totals[name] / self.counts[name]
+
+    def reset(self) -> None:
+        self.totals.clear()
+        self.counts.clear()
+
+
+class MetricSums:
+    """Per-example values averaged over examples, 0-d values over micro-batches, across ranks."""
+
+    def __init__(self):
+        self.sums: dict[str, float] = {}
+        self.counts: dict[str, float] = {}
+
+    def add(self, name: str, value: torch.Tensor | float) -> None:
+        value = torch.as_tensor(value).detach().float()
+        self.sums[name] = self.sums.get(name, 0.0) + float(value.sum())
+        self.counts[name] = self.counts.get(name, 0.0) + (value.numel() if value.dim() else 1)
+
+    def reduce(self) -> dict[str, float]:
+        """Mean of each metric over all ranks (a collective: call on every rank)."""
+        keys = sorted(self.sums)
+        packed = torch.tensor(
+            [self.sums[k] for k in keys] + [self.counts[k] for k in keys], dtype=torch.float64
+        )
+        total = distributed.all_reduce_sum(packed)
+        self.sums.clear()
+        self.counts.clear()
+        return {
+            k: float(total[i] / max(float(total[len(keys) + i]), 1.0)) for i, k in enumerate(keys)
+        }
+
+
+def step_seed(seed: int, step: int, rank: int) -> int:
+    """A seed for (run seed, step, rank): random ops of a step are the same after a resume."""
+    return int(np.random.SeedSequence([seed, step, rank]).generate_state(1)[0])
+
+
+def build_model(model_fn: Callable[[], torch.nn.Module], ds_config: dict) -> tuple[Any, Any]:
+    """Build the model so ZeRO-3 partitions it at construction; returns (model, keepalive).
+
+    Transformers' ``from_config`` / ``from_pretrained`` enter ``deepspeed.zero.Init`` themselves
+    while an ``HfDeepSpeedConfig`` is alive (wrapping them in ``zero.Init`` by hand crashes), so
+    keep the returned object referenced until training ends."""
+    keepalive = None
+    if ds_config.get("zero_optimization", {}).get("stage") == 3:
+        from transformers.integrations import HfDeepSpeedConfig
+
+        keepalive = HfDeepSpeedConfig(ds_config)
+    return model_fn(), keepalive
+
+
+class Trainer:
+    """A DeepSpeed engine plus the loop around it (one instance per run)."""
+
+    def __init__(
+        self,
+        engine,
+        config: dict,
+        opts: LoopOptions,
+        tracker: Tracker,
+        train_data,
+        eval_data=None,
+        group_names: list[str] | None = None,
+    ):
+        self.engine, self.config, self.opts, self.tracker = engine, config, opts, tracker
+        self.train_data, self.eval_data = train_data, eval_data
+        self.group_names = group_names or []
+        self.accumulation = config["gradient_accumulation_steps"]
+        self.sums, self.timer = MetricSums(), Stopwatch()
+        self.last_train: dict[str, float] = {}
+        self.last_eval: dict[str, float] = {}
+
+    def batches(self, start: int) -> Iterator[dict]:
+        """This rank's micro-batches from step ``start`` (0-based) to ``max_steps``."""
+        return distributed.train_batches(
+            self.train_data,
+            self.config,
+            self.opts.seed,
+            start,
+            self.opts.max_steps,
+            self.opts.num_workers,
+        )
+
+    def train_step(self, step: int, batches: Iterator[dict]) -> None:
+        """One optimizer step: ``accumulation`` micro-batches forward/backward, then step."""
+        accelerator.seed_everything(step_seed(self.opts.seed, step, distributed.rank()))
+        begin = time.perf_counter()
+        for _ in range(self.accumulation):
+            batch = accelerator.to_device(next(batches), accelerator.device())
+            loss, metrics = self.engine(batch)
+            self.engine.backward(loss.mean())
+            self.engine.step()
+            self.sums.add("loss", loss)
+            for name, value in metrics.items():
+                self.sums.add(name, value)
+        norm = self.engine.get_global_grad_norm()
+        if norm is not None:
+            self.sums.add("grad_norm", float(norm))
+        accelerator.synchronize()
+        self.timer.add("step", time.perf_counter() - begin)
+
+    def _due(self, step: int, every: int) -> bool:
+        return step == self.opts.max_steps or (every > 0 and step % every == 0)
+
+    def maybe_log(self, step: int, progress: tqdm | None = None) -> None:
+        if not self._due(step, self.opts.log_every):
+            return
+        metrics = {f"train/{k}": v for k, v in self.sums.reduce().items()}
+        for name, lr in zip(self.group_names, self.engine.get_lr()):
+            metrics[f"lr/{name}"] = float(lr)
+        step_ms = self.timer.mean_ms("step")
+        metrics["time/step_ms"] = step_ms
+        metrics["time/samples_per_s"] = (
+            self.config["train_batch_size"] * 1000.0 / max(step_ms, 1e-9)
+        )
+        metrics.update(accelerator.memory_stats())
+        self.timer.reset()
+        self.last_train = metrics
+        self.record(step, metrics)
+        if progress is not None:
+            progress.set_postfix(loss=f"{metrics.get('train/loss', float('nan')):.4g}")
+
+    def maybe_evaluate(self, step: int) -> None:
+        if self.eval_data is None or not self._due(step, self.opts.eval_every):
+            return
+        batch_size = self.opts.eval_batch_size or self.config["train_micro_batch_size_per_gpu"]
+        outputs = predict(self.engine, self.eval_data, batch_size)
+        if outputs is None:
+            return
+        metrics = {f"eval/{k}": float(v.float().mean()) for k, v in outputs.items()}
+        module = self.engine.module
+        if hasattr(module, "summarize_eval"):
+            metrics.update({f"eval/{k}": v for k, v in module.summarize_eval(outputs).items()})
+        try:
+            figures = module.eval_figures(outputs) if hasattr(module, "eval_figures") else {}
+        except Exception as exc:  # a plot must never stop training
+            warnings.warn(f"eval_figures failed: {exc}", stacklevel=2)
+            figures = {}
+        for name, fig in figures.items():
+            self.tracker.log_figure(fig, f"plots/{name}_step_{step:07d}.png")
+        self.last_eval = metrics
+        self.record(step, metrics)
+
+    def maybe_save(self, step: int) -> None:
+        if self._due(step, self.opts.save_every):
+            ckpt.save(self.engine, self.opts.run_dir, step, self.config, self.opts.keep_checkpoints)
+
+    def record(self, step: int, metrics: dict[str, float]) -> None:
+        """Rank 0: append to ``metrics.jsonl`` and MLflow; a failed write is only a warning."""
+        if not distributed.is_main():
+            return
+        try:
+            with open(self.opts.run_dir / "metrics.jsonl", "a", encoding="utf-8") as out:
+                out.write(json.dumps({"step": step, **metrics}) + "\n")
+        except OSError as exc:
+            warnings.warn(f"could not write metrics.jsonl: {exc}", stacklevel=2)
+        self.tracker.log_metrics(metrics, step)
+
+    def run(self, start: int) -> FitResult:
+        """Steps ``start+1 .. max_steps`` then the export (the loop itself)."""
+        batches = self.batches(start)
+        steps = range(start + 1, self.opts.max_steps + 1)
+        progress = tqdm(
+            steps,
+            desc=self.opts.step_name,
+            initial=start,
+            total=self.opts.max_steps,
+            disable=not distributed.is_main(),
+            dynamic_ncols=True,
+        )
+        for step in progress:
+            self.train_step(step, batches)
+            if step == start + 1:
+                self.tracker.log_text(gin.operative_config_str(), "config/operative_config.gin")
+            self.maybe_log(step, progress)
+            self.maybe_evaluate(step)
+            self.maybe_save(step)
+        progress.close()
+        path = ckpt.export(self.engine, self.opts.run_dir, max(start, self.opts.max_steps))
+        return FitResult(self.opts.max_steps, self.last_train, self.last_eval, path)
+
+
+def fit(
+    model_fn: Callable[[], torch.nn.Module],
+    train_data,
+    eval_data,
+    config: dict,
+    opts: LoopOptions,
+    tracker: Tracker,
+) -> FitResult:
+    """Train ``model_fn()`` on ``train_data`` with the DeepSpeed ``config`` (see module doc)."""
+    plan = ckpt.plan_resume(opts.run_dir, distributed.env_world_size(), config)
+    distributed.init()
+    accelerator.seed_everything(opts.seed)
+    ds_config = for_deepspeed(config)
+    if plan.universal:
+        ds_config["checkpoint"] = {"load_universal": True}
+    model, keepalive = build_model(model_fn, ds_config)
+    groups = param_groups(model, config)
+    import deepspeed
+
+    engine, *_ = deepspeed.initialize(
+        model=model,
+        model_parameters=groups,
+        config=ds_config,
+        lr_scheduler=lr_scheduler_factory(config),
+    )
+    start = ckpt.restore(engine, opts.run_dir, plan)
+    if distributed.is_main():
+        opts.run_dir.mkdir(parents=True, exist_ok=True)
+        print(f"{accelerator.describe()} world={distributed.world_size()} start_step={start}")
+    tracker.start(opts.run_dir, opts.step_name, {"recap.world_size": str(distributed.world_size())})
+    tracker.log_dict(config, "config/deepspeed_config.json")
+    trainer = Trainer(
+        engine, config, opts, tracker, train_data, eval_data, [g["name"] for g in groups]
+    )
+    try:
+        result = trainer.run(start)
+    except BaseException:
+        tracker.finish("FAILED")
+        raise
+    tracker.finish("FINISHED")
+    del keepalive
+    return result

@@ -1,0 +1,63 @@
+"""Train a model on the DeepSpeed engine: the step behind ``scripts/train.py``.
+
+Everything comes from gin (see ``gin/engine.gin`` and ``gin/demo/toy.gin``): the model factory
+(``train.model_fn``, e.g. ``@toy_model``; later the value model and the policy), the dataset
+factories, the loop options, ``deepspeed_config.*`` and ``Tracker.*``. Run the same command again
+and it resumes from the run directory's latest checkpoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import gin
+
+import recap.models.toy  # noqa: F401  (registers toy_model / toy_data with gin)
+from recap.engine import distributed
+from recap.engine.deepspeed_config import deepspeed_config
+from recap.engine.tracking import Tracker
+from recap.engine.trainer import FitResult, LoopOptions, fit
+from recap.errors import RecapError
+
+
+@gin.configurable
+def train(
+    model_fn: Callable = gin.REQUIRED,
+    data_fn: Callable = gin.REQUIRED,
+    eval_data_fn: Callable | None = None,
+    run_dir: str = gin.REQUIRED,
+    max_steps: int = gin.REQUIRED,
+    log_every: int = 10,
+    eval_every: int = 0,
+    save_every: int = 0,
+    keep_checkpoints: int = 2,
+    seed: int = 0,
+    eval_batch_size: int | None = None,
+    num_workers: int = 0,
+    step_name: str = "train",
+) -> FitResult:
+    """Train ``model_fn()`` on ``data_fn()`` for ``max_steps`` optimizer steps (resumable)."""
+    if max_steps < 1:
+        raise RecapError(f"gin config: train.max_steps={max_steps}; set it to a positive integer")
+    config = deepspeed_config(world_size=distributed.env_world_size(), max_steps=max_steps)
+    options = LoopOptions(
+        run_dir=Path(run_dir),
+        max_steps=max_steps,
+        log_every=log_every,
+        eval_every=eval_every,
+        save_every=save_every,
+        keep_checkpoints=keep_checkpoints,
+        seed=seed,
+        eval_batch_size=eval_batch_size,
+        num_workers=num_workers,
+        step_name=step_name,
+    )
+    train_data = data_fn()
+    eval_data = eval_data_fn() if eval_data_fn is not None else None
+    result = fit(model_fn, train_data, eval_data, config, options, Tracker())
+    if distributed.is_main():
+        final = {**result.train_metrics, **result.eval_metrics}
+        shown = ", ".join(f"{k} {v:.5g}" for k, v in final.items() if "loss" in k)
+        print(f"{step_name}: step {result.step}; {shown}; weights in {result.export_path}")
+    return result
