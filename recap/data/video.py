@@ -58,6 +58,9 @@ class VideoFile:
         try:
             self.container = av.open(str(path), mode="r")
             self.stream = self.container.streams.video[0]
+            # One thread: random access decodes 1-2 frames after each seek, where frame threads
+            # only add latency; parallelism comes from DataLoader workers, one decoder each.
+            self.stream.codec_context.thread_count = 1
         except (av.FFmpegError, IndexError) as exc:
             raise DatasetError(
                 located(path, f"cannot open video ({exc}); restore it from the source dataset")
@@ -75,7 +78,7 @@ class VideoFile:
     def frame_at(self, t: float) -> np.ndarray:
         """The frame whose presentation time is within ``tolerance_s`` of ``t`` seconds."""
         lo, hi = t - self.tolerance_s, t + self.tolerance_s
-        if self._must_seek(lo):
+        if self._must_seek(lo, hi):
             self._seek(lo, hi)
         while self._cur_time < lo and self._advance():
             pass
@@ -101,7 +104,7 @@ class VideoFile:
         after frames decoded before it, so a seek can land past the target: then step back one
         keyframe and retry.
         """
-        target = math.floor(lo / self.time_base)
+        target = math.floor(hi / self.time_base)  # the target itself when it is a keyframe
         floor = self.stream.start_time or 0
         for _ in range(64):
             self.container.seek(target, stream=self.stream, backward=True, any_frame=False)
@@ -129,15 +132,18 @@ class VideoFile:
             )
         )
 
-    def _must_seek(self, lo: float) -> bool:
-        """Seek unless the cursor is on the target or before it with no keyframe in between."""
+    def _must_seek(self, lo: float, hi: float) -> bool:
+        """Seek unless the cursor is on the target, or before it with no keyframe between the
+        cursor's next frame and the target (decoding forward is then as cheap as it gets)."""
         if self._cur is not None and lo <= self._cur_time <= lo + 2 * self.tolerance_s:
             return False
         if self._frames is None or self._cur_time > lo:
             return True
         if self._keyframes.size:
-            k = np.searchsorted(self._keyframes, lo / self.time_base, side="right") - 1
-            return k >= 0 and self._keyframes[k] > self._cur.pts
+            k = np.searchsorted(self._keyframes, hi / self.time_base, side="right") - 1
+            # seek only when it skips frames: a keyframe more than one frame past the cursor
+            next_frame = self._cur_time + 3 * self.tolerance_s
+            return k >= 0 and self._keyframes[k] * self.time_base > next_frame
         return lo - self._cur_time > 32 * self.tolerance_s  # no index: seek if ~16 frames ahead
 
     def close(self) -> None:

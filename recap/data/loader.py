@@ -1,0 +1,222 @@
+"""Training-frame loading: camera frames + state + action chunks of a LeRobot dataset, batched.
+
+Video-heavy training is input-bound, so the loader is built around how frames are decoded:
+
+- Each DataLoader worker owns its ``LocalDataset`` (the parent's is pickled without decoders), and
+  its decoders stay open across batches: no file or decoder is reopened per item.
+- A batch is fetched at once (``__getitems__``): per camera, one ``LocalDataset.frames`` call that
+  sorts the batch's frames by file and time, seeks to the keyframe at or before each target and
+  decodes forward only to it (single-threaded decoders; workers give the parallelism).
+- Frames stay uint8 (``uint8[B, H, W, 3]`` tensors) until the model's transforms need floats.
+- Sequential passes (Step 3 inference) use ``ShardedSequentialBatches``: each worker walks its own
+  contiguous block of rows, so every frame is decoded once, in order, with no seeks.
+
+Per-row columns (state, action, indices) are read once, vectorized, when the dataset is built.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import torch
+from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler
+
+from recap.core import columns as C
+from recap.data.lerobot import KeyMap, LocalDataset, detect_key_map
+from recap.errors import DatasetError, located
+
+
+def fixed_width(column: pa.ChunkedArray, where: object, name: str) -> np.ndarray:
+    """float32[n, D] from a list / fixed-size-list column (or float32[n, 1] from a scalar one)."""
+    n = len(column)
+    if not (pa.types.is_list(column.type) or pa.types.is_fixed_size_list(column.type)):
+        return column.to_numpy().astype(np.float32).reshape(n, 1)
+    flat = pc.list_flatten(column).to_numpy(zero_copy_only=False).astype(np.float32)
+    if n and flat.size % n:
+        raise DatasetError(located(where, f"column {name!r}: rows have different lengths"))
+    return flat.reshape(n, flat.size // n if n else 0)
+
+
+class FrameDataset(Dataset):
+    """Items of one LeRobot dataset for training: frames, state, action chunk, extra columns.
+
+    Args:
+        root: the dataset directory.
+        key_map: camera/state/action keys; detected from ``meta/info.json`` when None.
+        action_horizon: H future actions per item (t .. t+H-1, within the episode; past its end
+            the last action repeats and ``action_mask`` is False).
+        extra: per-row arrays (in the dataset's row order) added to every batch, e.g. targets.
+        rows: the rows this dataset serves (default: all), e.g. a split.
+    A batch (``__getitems__``) is a dict of tensors: ``images`` {camera: uint8[B, H, W, 3]},
+    ``state`` float32[B, S], ``action`` float32[B, H, A], ``action_mask`` bool[B, H],
+    ``episode_index`` / ``frame_index`` / ``task_index`` / ``row`` int64[B], and each extra.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike,
+        key_map: KeyMap | None = None,
+        action_horizon: int = 1,
+        extra: Mapping[str, np.ndarray] | None = None,
+        rows: np.ndarray | None = None,
+    ):
+        self.dataset = LocalDataset(root)
+        self.key_map = key_map or detect_key_map(self.dataset.features, self.dataset.root)
+        self._check_cameras()
+        km, ds = self.key_map, self.dataset
+        table = ds.read_columns(
+            [C.EPISODE_INDEX, C.FRAME_INDEX, C.TASK_INDEX, km.state, km.action], check_frames=False
+        )
+        episodes = ds.check_frames(table)
+        self.columns = {
+            C.EPISODE_INDEX: table.column(C.EPISODE_INDEX).to_numpy().astype(np.int64),
+            C.FRAME_INDEX: table.column(C.FRAME_INDEX).to_numpy().astype(np.int64),
+            C.TASK_INDEX: table.column(C.TASK_INDEX).to_numpy().astype(np.int64),
+            "state": fixed_width(table.column(km.state), ds.root, km.state),
+        }
+        action = fixed_width(table.column(km.action), ds.root, km.action)
+        self._chunk_rows, self._chunk_mask = action_chunks(episodes, action_horizon)
+        self._action = action
+        for name, values in (extra or {}).items():
+            values = np.asarray(values)
+            if values.shape[0] != ds.num_frames:
+                raise DatasetError(
+                    f"extra column {name!r}: {values.shape[0]} rows for {ds.num_frames} frames"
+                )
+            self.columns[name] = values
+        self.rows = np.arange(ds.num_frames, dtype=np.int64) if rows is None else np.asarray(rows)
+
+    def _check_cameras(self) -> None:
+        missing = [c for c in self.key_map.cameras if c not in self.dataset.camera_keys]
+        if missing:
+            raise DatasetError(
+                located(
+                    self.dataset.root / "meta" / "info.json",
+                    f"features: camera {missing[0]!r} not in the dataset (cameras: "
+                    f"{', '.join(self.dataset.camera_keys) or 'none'}); fix the key map",
+                )
+            )
+
+    def __len__(self) -> int:
+        return int(self.rows.shape[0])
+
+    def __getitems__(self, indices: Sequence[int]) -> dict:
+        rows = self.rows[np.asarray(indices, dtype=np.int64)]
+        batch = {
+            "images": {
+                cam: torch.from_numpy(self.dataset.frames(cam, rows))
+                for cam in self.key_map.cameras
+            },
+            "action": torch.from_numpy(self._action[self._chunk_rows[rows]]),
+            "action_mask": torch.from_numpy(self._chunk_mask[rows]),
+            "row": torch.from_numpy(rows),
+        }
+        for name, values in self.columns.items():
+            batch[name] = torch.from_numpy(np.ascontiguousarray(values[rows]))
+        return batch
+
+    def __getitem__(self, index: int) -> dict:
+        batch = self.__getitems__([index])
+        return {
+            k: ({c: v[0] for c, v in b.items()} if k == "images" else b[0])
+            for k, b in batch.items()
+        }
+
+    def close(self) -> None:
+        self.dataset.close()
+
+
+def action_chunks(episodes, horizon: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of each row's next ``horizon`` actions, clipped to its episode, and their validity.
+
+    Returns int64[n, H] rows (in the dataset's row order) and bool[n, H] mask (False past the
+    episode's end, where the episode's last row repeats).
+    """
+    if horizon < 1:
+        raise DatasetError(f"action_horizon: {horizon} must be >= 1")
+    pos = np.arange(episodes.num_frames, dtype=np.int64)[:, None] + np.arange(horizon)[None, :]
+    end = episodes.end_of[:, None]
+    mask_sorted = pos < end
+    rows_sorted = episodes.order[np.minimum(pos, end - 1)]
+    rows = np.empty_like(rows_sorted)
+    mask = np.empty_like(mask_sorted)
+    rows[episodes.order] = rows_sorted
+    mask[episodes.order] = mask_sorted
+    return rows, mask
+
+
+def pass_through(batch: dict) -> dict:
+    """Collate function for datasets whose ``__getitems__`` already returns a batch."""
+    return batch
+
+
+class ShardedSequentialBatches(Sampler[list[int]]):
+    """Batches for one in-order pass with ``num_workers`` DataLoader workers.
+
+    The DataLoader hands batch i to worker ``i % W``; here batch i covers the ``i // W``-th batch
+    of worker ``i % W``'s contiguous block, so each worker decodes its own block front to back and
+    no frame is decoded twice. Batches carry ``row`` so results can be put back in order.
+    """
+
+    def __init__(self, num_items: int, batch_size: int, num_workers: int):
+        self.num_items, self.batch_size = num_items, batch_size
+        self.workers = max(1, num_workers)
+
+    def _blocks(self) -> list[list[list[int]]]:
+        bounds = np.linspace(0, self.num_items, self.workers + 1).astype(np.int64)
+        return [
+            [list(range(s, min(s + self.batch_size, e))) for s in range(b, e, self.batch_size)]
+            for b, e in zip(bounds[:-1].tolist(), bounds[1:].tolist())
+        ]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        blocks = self._blocks()
+        for j in range(max((len(b) for b in blocks), default=0)):
+            for block in blocks:
+                # a worker whose block is used up still takes its turn: give it an empty batch
+                yield block[j] if j < len(block) else []
+
+    def __len__(self) -> int:
+        return max((len(b) for b in self._blocks()), default=0) * self.workers
+
+
+def make_loader(
+    dataset: Dataset,
+    batch_size: int,
+    *,
+    shuffle: bool = True,
+    seed: int = 0,
+    num_workers: int = 2,
+    prefetch_factor: int = 4,
+    drop_last: bool = False,
+    sampler: Sampler | None = None,
+    start_method: str = "forkserver",
+) -> DataLoader:
+    """A DataLoader that fetches whole batches per worker call, with persistent workers.
+
+    ``shuffle`` draws a seeded permutation each epoch; ``shuffle=False`` is one in-order pass
+    sharded so each worker decodes a contiguous block (``ShardedSequentialBatches``).
+    Workers start with ``start_method`` (default forkserver, not fork: a worker forked from a
+    process whose FFmpeg, OpenMP or gloo threads hold a lock deadlocks on that lock).
+    """
+    if sampler is not None:
+        batches = BatchSampler(sampler, batch_size, drop_last)
+    elif shuffle:
+        generator = torch.Generator().manual_seed(seed)
+        random = torch.utils.data.RandomSampler(dataset, generator=generator)
+        batches = BatchSampler(random, batch_size, drop_last)
+    else:
+        batches = ShardedSequentialBatches(len(dataset), batch_size, num_workers)
+    return DataLoader(
+        dataset,
+        batch_sampler=batches,
+        collate_fn=pass_through,
+        num_workers=num_workers,
+        prefetch_factor=prefetch_factor if num_workers else None,
+        persistent_workers=num_workers > 0,
+        multiprocessing_context=start_method if num_workers else None,
+    )
