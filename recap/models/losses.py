@@ -3,6 +3,8 @@
 Value model (Step 2): a categorical distribution over ``num_bins`` atoms evenly spaced on
 ``[v_min, v_max]`` (default 201 atoms on ``[-1, 0]``, spacing 0.005), trained with cross-entropy
 against a two-hot target (C51-style projection of the scalar return onto its two nearest atoms).
+
+Policy (Step 4): flow matching, MSE between the predicted velocity and u = noise - actions.
 """
 
 from __future__ import annotations
@@ -65,6 +67,20 @@ def expected_value(
     return F.softmax(logits.float(), dim=-1) @ atoms
 
 
-# Policy (Step 4): flow_matching_loss(velocity, noise, actions, mask) -> float[B] goes here:
-# MSE between the predicted velocity and u = noise - actions, averaged over the valid action
-# dims and the horizon (SPEC "Step 4"; openpi's loss reads like that equation).
+def flow_matching_loss(
+    velocity: torch.Tensor,
+    noise: torch.Tensor,
+    actions: torch.Tensor,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """float32[B] flow-matching MSE of ``velocity`` float[B, H, A] against u = noise - actions.
+
+    loss_b = sum_{h,a} m_bha (v_bha - u_bha)^2 / sum_{h,a} m_bha, with ``mask`` bool (or float
+    weights) broadcastable to [B, H, A] (False at padded action steps or dims; default all True;
+    an example with no valid entry has loss 0). SPEC "Step 4"; openpi's loss is the unmasked mean.
+    """
+    error = (velocity.float() - (noise.float() - actions.float())).square()
+    if mask is None:
+        return error.mean(dim=(1, 2))
+    weight = torch.broadcast_to(mask.to(error.device, torch.float32), error.shape)
+    return (error * weight).sum(dim=(1, 2)) / weight.sum(dim=(1, 2)).clamp_min(1e-12)

@@ -1,0 +1,220 @@
+"""π0.5 weights from and to local directories, in the openpi PyTorch and LeRobot layouts, strictly.
+
+openpi (``PI0Pytorch(pi05=True)``, written with safetensors ``save_model``): one
+``model.safetensors`` whose keys are exactly ``Pi05Policy``'s state-dict keys
+(``paligemma_with_expert.paligemma.model.{vision_tower.vision_model, multi_modal_projector.linear,
+language_model}.…``, ``paligemma_with_expert.gemma_expert.model.{layers.i, norm}.…`` with
+``input_layernorm.dense`` / ``post_attention_layernorm.dense`` adaptive norms, ``action_in_proj``,
+``action_out_proj``, ``time_mlp_in``, ``time_mlp_out``), plus two vocabulary heads that flow
+matching never reads:
+
+- ``paligemma_with_expert.paligemma.lm_head.weight`` is tied to
+  ``…language_model.embed_tokens.weight``; ``save_model`` keeps one name per tied tensor (this
+  one), so the embedding key is usually absent and is read from ``lm_head`` then.
+- ``paligemma_with_expert.gemma_expert.lm_head.weight`` [vocab, expert width], the expert's unused
+  LM head, is dropped.
+
+LeRobot (``PI05Policy``) stores the same keys under ``model.``. Anything else missing or
+unexpected is a one-line ``RecapError`` naming the first keys and the count. Saving mirrors the
+files: the embedding under ``lm_head`` and a zero expert head, so openpi's strict
+``safetensors.torch.load_model`` and LeRobot's strict load accept them; ``recap_pi05.json`` keeps
+the exact ``Pi05Config`` and ``config.json`` the fields openpi/LeRobot read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from recap.errors import RecapError
+from recap.models.pi05 import GEMMA_300M, PALIGEMMA_2B, Pi05Config, Pi05Policy, build_pi05
+
+OPENPI, LEROBOT = "openpi", "lerobot"
+LAYOUTS = (OPENPI, LEROBOT)
+LEROBOT_PREFIX = "model."
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+RECAP_CONFIG_FILE = "recap_pi05.json"
+EMBED_KEY = "paligemma_with_expert.paligemma.model.language_model.embed_tokens.weight"
+LM_HEAD_KEY = "paligemma_with_expert.paligemma.lm_head.weight"
+EXPERT_LM_HEAD_KEY = "paligemma_with_expert.gemma_expert.lm_head.weight"
+VARIANTS = {"gemma_2b": PALIGEMMA_2B, "gemma_300m": GEMMA_300M}
+SHOWN = 3
+
+
+def detect_layout(keys) -> str:
+    """``lerobot`` when every key starts with ``model.``, else ``openpi``."""
+    keys = list(keys)
+    return LEROBOT if keys and all(k.startswith(LEROBOT_PREFIX) for k in keys) else OPENPI
+
+
+def _check_layout(layout: str) -> str:
+    if layout not in LAYOUTS:
+        raise RecapError(f"checkpoint layout {layout!r} is not one of {LAYOUTS}")
+    return layout
+
+
+def file_key(key: str, layout: str) -> str:
+    """The name of model key ``key`` in a file of ``layout``."""
+    return LEROBOT_PREFIX + key if layout == LEROBOT else key
+
+
+def to_model_keys(state: dict[str, torch.Tensor], layout: str) -> dict[str, torch.Tensor]:
+    """File tensors renamed to ``Pi05Policy`` keys: LeRobot's ``model.`` prefix removed, the tied
+    ``lm_head`` read as the embedding when the embedding is absent, unused heads dropped."""
+    n = len(LEROBOT_PREFIX)
+    if _check_layout(layout) == LEROBOT:
+        state = {k[n:] if k.startswith(LEROBOT_PREFIX) else k: v for k, v in state.items()}
+    else:
+        state = dict(state)
+    head = state.pop(LM_HEAD_KEY, None)
+    if head is not None and EMBED_KEY not in state:
+        state[EMBED_KEY] = head
+    state.pop(EXPERT_LM_HEAD_KEY, None)
+    return state
+
+
+def _listing(keys: list[str], what: str, layout: str) -> str:
+    names = ", ".join(file_key(k, layout) for k in keys[:SHOWN])
+    more = f" and {len(keys) - SHOWN} more" if len(keys) > SHOWN else ""
+    return f"{len(keys)} {what} key{'s' if len(keys) > 1 else ''} ({names}{more})"
+
+
+def load_strict(
+    model: Pi05Policy, state: dict[str, torch.Tensor], source: object, layout: str
+) -> None:
+    """``model.load_state_dict(state)`` after checking names and shapes: any missing or
+    unexpected key or shape mismatch is one ``RecapError`` line naming ``source`` and keys."""
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    if missing or unexpected:
+        parts = [_listing(missing, "missing", layout)] if missing else []
+        parts += [_listing(unexpected, "unexpected", layout)] if unexpected else []
+        raise RecapError(
+            f"{source}: {'; '.join(parts)} for the {layout} layout; use a π0.5 checkpoint whose "
+            "sizes match the config (recap_pi05.json / config.json) or pass the right layout"
+        )
+    bad = [k for k in expected if tuple(state[k].shape) != tuple(expected[k].shape)]
+    if bad:
+        k = bad[0]
+        raise RecapError(
+            f"{source}: {len(bad)} keys differ in shape, first {file_key(k, layout)}: "
+            f"{tuple(state[k].shape)} in the file, {tuple(expected[k].shape)} in the model; "
+            "fix the config sizes to match the checkpoint"
+        )
+    model.load_state_dict(state, strict=True)
+
+
+def read_config(directory: str | os.PathLike, **overrides) -> Pi05Config:
+    """The config of a checkpoint directory: ``recap_pi05.json`` (exact), else the openpi /
+    LeRobot ``config.json`` variants (``gemma_2b`` + ``gemma_300m``, horizon and action dim);
+    ``overrides`` replace fields (e.g. ``action_horizon``, ``attn_implementation``)."""
+    path = Path(directory)
+    if (path / RECAP_CONFIG_FILE).is_file():
+        fields = json.loads((path / RECAP_CONFIG_FILE).read_text())
+        known = {f.name for f in dataclasses.fields(Pi05Config)}
+        return Pi05Config(**{k: v for k, v in fields.items() if k in known} | overrides)
+    if not (path / CONFIG_FILE).is_file():
+        raise RecapError(
+            f"{path}: no {RECAP_CONFIG_FILE} or {CONFIG_FILE}; point it at an openpi / LeRobot "
+            "π0.5 checkpoint directory or pass a Pi05Config"
+        )
+    raw = json.loads((path / CONFIG_FILE).read_text())
+    variants = (raw.get("paligemma_variant"), raw.get("action_expert_variant"))
+    if variants != ("gemma_2b", "gemma_300m"):
+        raise RecapError(f"{path / CONFIG_FILE}: paligemma_variant/action_expert_variant "
+                         f"{variants} not supported (expected ('gemma_2b', 'gemma_300m')); "
+                         "pass a Pi05Config with the sizes")  # fmt: skip
+    fields = {"text": dict(PALIGEMMA_2B), "expert": dict(GEMMA_300M)}
+    for ours, theirs in (("action_horizon", ("action_horizon", "chunk_size")),
+                         ("action_dim", ("action_dim", "max_action_dim"))):  # fmt: skip
+        value = next((raw[k] for k in theirs if k in raw), None)
+        if value is not None:
+            fields[ours] = int(value)
+    config = Pi05Config(**fields | overrides)
+    if "image_resolution" in raw and "vision" not in overrides:
+        config.vision["image_size"] = int(raw["image_resolution"][0])
+    return config
+
+
+def load_pi05(
+    directory: str | os.PathLike,
+    config: Pi05Config | None = None,
+    layout: str | None = None,
+    dtype: torch.dtype = torch.float32,
+    **overrides,
+) -> Pi05Policy:
+    """A policy from a local openpi / LeRobot / ``save_pi05`` directory (layout detected from the
+    keys unless given), weights cast to ``dtype``; strict (``load_strict``)."""
+    path = Path(directory)
+    weights = path / WEIGHTS_FILE
+    if not weights.is_file():
+        raise RecapError(f"{weights}: file not found; point it at a local π0.5 checkpoint "
+                         "directory holding model.safetensors (openpi or LeRobot)")  # fmt: skip
+    config = config or read_config(path, **overrides)
+    state = load_file(str(weights))
+    layout = _check_layout(layout or detect_layout(state))
+    model = build_pi05(config, dtype)
+    load_strict(model, to_model_keys(state, layout), weights, layout)
+    return model
+
+
+def file_state(model: Pi05Policy, layout: str) -> dict[str, torch.Tensor]:
+    """The tensors ``save_pi05`` writes: openpi names (embedding under ``lm_head``, a zero
+    expert head), prefixed with ``model.`` for LeRobot."""
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    embed = state.pop(EMBED_KEY)
+    state[LM_HEAD_KEY] = embed
+    width = model.action_in_proj.out_features
+    state[EXPERT_LM_HEAD_KEY] = torch.zeros(embed.shape[0], width, dtype=embed.dtype)
+    return {file_key(k, layout): v for k, v in state.items()}
+
+
+def foreign_config(config: Pi05Config, layout: str) -> dict:
+    """The ``config.json`` fields openpi (converter output) or LeRobot (``PI05Config``) read."""
+    variants = {
+        "paligemma_variant": next((n for n, v in VARIANTS.items() if v == config.text), "custom"),
+        "action_expert_variant": next((n for n, v in VARIANTS.items() if v == config.expert),
+                                      "custom"),
+    }  # fmt: skip
+    if layout == OPENPI:
+        return {"action_dim": config.action_dim, "action_horizon": config.action_horizon,
+                **variants}  # fmt: skip
+    size = int(config.vision.get("image_size", 224))
+    return {"type": "pi05", **variants, "chunk_size": config.action_horizon,
+            "n_action_steps": config.action_horizon, "max_action_dim": config.action_dim,
+            "num_inference_steps": config.num_steps, "image_resolution": [size, size]}  # fmt: skip
+
+
+def save_pi05(model: Pi05Policy, directory: str | os.PathLike, layout: str = OPENPI) -> Path:
+    """Write ``model.safetensors`` (``file_state``), ``config.json`` and ``recap_pi05.json``
+    atomically (temporary files, then ``os.replace``); returns the weights path."""
+    path = Path(directory)
+    path.mkdir(parents=True, exist_ok=True)
+    state = file_state(model, _check_layout(layout))
+    writes = {
+        WEIGHTS_FILE: lambda p: save_file(state, str(p), metadata={"format": "pt"}),
+        CONFIG_FILE: lambda p: p.write_text(json.dumps(foreign_config(model.config, layout))),
+        RECAP_CONFIG_FILE: lambda p: p.write_text(
+            json.dumps(dataclasses.asdict(model.config), indent=2)
+        ),
+    }
+    for name, write in writes.items():
+        tmp = path / f".{name}.tmp"
+        write(tmp)
+        os.replace(tmp, path / name)
+    return path / WEIGHTS_FILE
+
+
+def count_parameters(config: Pi05Config | None = None) -> int:
+    """Parameters of the policy of ``config`` (default: the real sizes, ~3.3B), built on the
+    meta device (nothing allocated)."""
+    with torch.device("meta"):
+        model = build_pi05(config or Pi05Config())
+    return sum(p.numel() for p in model.parameters())

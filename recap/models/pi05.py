@@ -1,0 +1,352 @@
+"""Step 4 policy: π0.5 (openpi ``PI0Pytorch(pi05=True)``) trained by flow matching, sampled with
+classifier-free guidance between the advantage-conditioned and the plain prompt.
+
+Prefix = per camera ``(image_size / patch_size)**2`` SigLIP tokens through
+``multi_modal_projector.linear`` (no rescaling), then the prompt's Gemma embeddings (scaled by
+sqrt(width)). π0.5 has no state token: the (quantile-normalized, 256-bin discretized) state is
+part of the prompt text (``recap.data.conditioning.pi05_prompt``), as in openpi. Suffix =
+``action_in_proj(x_t)``, one token per action step; the flow time t enters only the expert's
+adaptive norms through cond = silu(time_mlp_out(silu(time_mlp_in(sinusoid(t))))), sinusoid
+periods 4e-3 .. 4 (``pi05_layers``).
+
+Training (``forward``): t = Beta(1.5, 1) * 0.999 + 0.001, eps ~ N(0, I),
+x_t = t eps + (1 - t) a, u = eps - a, loss = masked mean of (v_theta(x_t, t) - u)^2 per example.
+Sampling (``sample_actions``): Euler from t = 1 to 0, x <- x - v / num_steps, with
+v = v_u + beta (v_c - v_u) at every step; beta = 1 runs only the conditional branch, beta = 0 only
+the unconditional one, otherwise both run as one stacked batch over one prefix KV cache.
+
+Batch keys: ``images`` float[B, C, 3, S, S] in [-1, 1] (cameras base, left wrist, right wrist);
+``image_masks`` bool[B, C]; ``input_ids`` int64[B, L] / ``attention_mask`` bool[B, L] (the
+training prompt, or at inference the conditional one); ``uncond_input_ids`` /
+``uncond_attention_mask`` (plain prompt, CFG with beta != 1 only); ``actions`` float[B, H, A]
+(normalized, padded to A = 32; training); ``action_mask`` bool broadcastable to [B, H, A]
+(optional: False at padded steps/dims); ``conditional`` bool[B] (optional: the prompt carries
+the advantage text; per-branch loss metrics).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import gin
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import AutoModel, GemmaConfig, SiglipVisionConfig
+
+from recap.errors import RecapError
+from recap.models.losses import flow_matching_loss
+from recap.models.pi05_layers import (
+    ATTENTION,
+    ActionExpert,
+    PaliGemmaWithExpert,
+    Prefix,
+    VisionTower,
+    time_embedding,
+)
+from recap.models.value import SIGLIP_SO400M_224
+
+PALIGEMMA_2B = {
+    "vocab_size": 257152, "hidden_size": 2048, "intermediate_size": 16384,
+    "num_hidden_layers": 18, "num_attention_heads": 8, "num_key_value_heads": 1, "head_dim": 256,
+    "hidden_act": "gelu_pytorch_tanh", "max_position_embeddings": 8192, "rms_norm_eps": 1e-6,
+    "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2,
+}  # fmt: skip
+GEMMA_300M = {
+    "hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 18,
+    "num_attention_heads": 8, "num_key_value_heads": 1, "head_dim": 256,
+}  # fmt: skip
+SHARED_HEADS = ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim")
+
+
+@dataclasses.dataclass
+class Pi05Config:
+    """Sizes and flow-matching constants. ``vision``: SigLIP vision config dict; ``text``: Gemma
+    config dict of the PaliGemma decoder; ``expert``: the action expert's Gemma sizes (depth,
+    heads, kv heads and head dim must equal the decoder's: attention is shared per layer)."""
+
+    vision: dict = dataclasses.field(default_factory=lambda: dict(SIGLIP_SO400M_224))
+    text: dict = dataclasses.field(default_factory=lambda: dict(PALIGEMMA_2B))
+    expert: dict = dataclasses.field(default_factory=lambda: dict(GEMMA_300M))
+    action_dim: int = 32
+    action_horizon: int = 50
+    num_steps: int = 10
+    min_period: float = 4e-3
+    max_period: float = 4.0
+    time_alpha: float = 1.5
+    time_beta: float = 1.0
+    time_scale: float = 0.999
+    time_offset: float = 0.001
+    attn_implementation: str = "sdpa"
+    gradient_checkpointing: bool = False
+
+    def vision_config(self) -> SiglipVisionConfig:
+        config = SiglipVisionConfig.from_dict({**self.vision, "vision_use_head": False})
+        config._attn_implementation = self.attn_implementation
+        return config
+
+    def text_config(self) -> GemmaConfig:
+        config = GemmaConfig.from_dict(dict(self.text))
+        config._attn_implementation = self.attn_implementation
+        return config
+
+    def expert_config(self) -> GemmaConfig:
+        """The expert's Gemma config: its sizes, the decoder's norm eps and activation."""
+        text = self.text_config()
+        return GemmaConfig(vocab_size=1, pad_token_id=None, bos_token_id=None, eos_token_id=None,
+                           **self.expert, rms_norm_eps=text.rms_norm_eps,
+                           hidden_act=text.hidden_act)  # fmt: skip
+
+    def validate(self) -> None:
+        """Raise ``RecapError`` when the parts cannot share attention."""
+        text, expert = self.text_config(), self.expert_config()
+        problems = [f"expert {k} {getattr(expert, k)} != text {k} {getattr(text, k)}"
+                    for k in SHARED_HEADS if getattr(expert, k) != getattr(text, k)]  # fmt: skip
+        if self.attn_implementation not in ATTENTION:
+            problems.append(f"attn_implementation {self.attn_implementation!r} not in {ATTENTION}")
+        if expert.hidden_size % 2:
+            problems.append(f"expert hidden_size {expert.hidden_size} must be even")
+        if problems:
+            raise RecapError(f"pi05 config: {'; '.join(problems)}; fix the sizes")
+
+
+class Pi05Policy(nn.Module):
+    """π0.5 flow-matching policy; ``loss, metrics = model(batch)`` (engine protocol).
+
+    State-dict keys are openpi's (``paligemma_with_expert.…``, ``action_in_proj``, …); see
+    ``recap.models.checkpoints`` for loading/saving openpi and LeRobot files.
+    """
+
+    def __init__(self, config: Pi05Config, vision_tower: nn.Module, language_model: nn.Module):
+        super().__init__()
+        config.validate()
+        self.config = config
+        width = config.expert_config().hidden_size
+        linear = nn.Linear(vision_tower.config.hidden_size, language_model.config.hidden_size)
+        projector = nn.ModuleDict({"linear": linear})
+        self.paligemma_with_expert = PaliGemmaWithExpert(
+            VisionTower(vision_tower), projector, language_model,
+            ActionExpert(config.expert_config()), config.attn_implementation,
+        )  # fmt: skip
+        self.paligemma_with_expert.gradient_checkpointing = config.gradient_checkpointing
+        self.action_in_proj = nn.Linear(config.action_dim, width)
+        self.action_out_proj = nn.Linear(width, config.action_dim)
+        self.time_mlp_in = nn.Linear(width, width)
+        self.time_mlp_out = nn.Linear(width, width)
+        freeze_unreachable(language_model)
+
+    # ---- training ------------------------------------------------------------------------
+
+    def forward(
+        self,
+        batch: dict[str, torch.Tensor],
+        noise: torch.Tensor | None = None,
+        time: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """``(loss float32[B], metrics)``; ``noise`` float[B, H, A] and ``time`` float[B] are
+        drawn (N(0, I); Beta(1.5, 1) * 0.999 + 0.001) unless given."""
+        actions = batch["actions"].float()
+        noise = torch.randn_like(actions) if noise is None else noise.float()
+        time = self.sample_time(actions.shape[0], actions.device) if time is None else time
+        t = time.float()[:, None, None]
+        x_t = t * noise + (1 - t) * actions
+        prefix = self.embed_prefix(
+            batch["images"], batch["image_masks"], batch["input_ids"], batch["attention_mask"]
+        )
+        velocity = self.velocity(prefix, x_t, time)
+        loss = flow_matching_loss(velocity, noise, actions, batch.get("action_mask"))
+        conditional = batch.get("conditional")
+        metrics = {} if conditional is None else branch_metrics(loss, conditional, self.training)
+        return loss, metrics
+
+    def sample_time(self, n: int, device: torch.device | str | None = None) -> torch.Tensor:
+        """float32[n]: Beta(alpha, beta) * scale + offset; Beta(alpha, 1) as U^(1/alpha)."""
+        c = self.config
+        if c.time_beta == 1.0:
+            draw = torch.rand(n, device=device) ** (1.0 / c.time_alpha)
+        else:
+            dist = torch.distributions.Beta(torch.tensor(c.time_alpha), torch.tensor(c.time_beta))
+            draw = dist.sample((n,)).to(device)
+        return draw * c.time_scale + c.time_offset
+
+    # ---- embeddings ----------------------------------------------------------------------
+
+    def embed_images(
+        self, images: torch.Tensor, image_masks: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(tokens float[B, C' * T, W], valid bool[B, C' * T])`` of the camera slots used by
+        any example (a slot masked for the whole batch changes nothing and is skipped)."""
+        keep = image_masks.bool().any(0)
+        images, masks = images[:, keep], image_masks.bool()[:, keep]
+        batch, cams = masks.shape
+        parts = self.paligemma_with_expert.paligemma["model"]
+        proj = parts["multi_modal_projector"]["linear"]
+        if cams == 0:
+            width = proj.out_features
+            return images.new_zeros(batch, 0, width, dtype=proj.weight.dtype), masks
+        pixels = images.flatten(0, 1).to(proj.weight.dtype)
+        tokens = proj(parts["vision_tower"](pixels).to(proj.weight.dtype))
+        per_image = tokens.shape[1]
+        return tokens.reshape(batch, cams * per_image, -1), masks.repeat_interleave(per_image, 1)
+
+    def embed_prefix(self, images, image_masks, input_ids, attention_mask) -> Prefix:
+        """Image tokens then text tokens (module docstring) with their validity."""
+        tokens, valid = self.embed_images(images, image_masks)
+        return self.prefix_from(tokens, valid, input_ids, attention_mask)
+
+    def prefix_from(self, image_tokens, image_valid, input_ids, attention_mask) -> Prefix:
+        text = self.paligemma_with_expert.language_model.embed_tokens(input_ids)
+        embeds = torch.cat([image_tokens.to(text.dtype), text], dim=1)
+        return Prefix(embeds, torch.cat([image_valid, attention_mask.bool()], dim=1))
+
+    def embed_suffix(
+        self, x_t: torch.Tensor, time: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(tokens float[B, H, We], cond float[B, We])``: action_in_proj(x_t) and the time MLP
+        over the sinusoidal embedding of ``time`` float[B]."""
+        dtype = self.action_in_proj.weight.dtype
+        c = self.config
+        emb = time_embedding(time, self.time_mlp_in.in_features, c.min_period, c.max_period)
+        cond = F.silu(self.time_mlp_out(F.silu(self.time_mlp_in(emb.to(dtype)))))
+        return self.action_in_proj(x_t.to(dtype)), cond
+
+    def velocity(self, prefix: Prefix, x_t: torch.Tensor, time: torch.Tensor) -> torch.Tensor:
+        """float32[B, H, A] v_theta(x_t, t) with prefix and actions in one joint pass."""
+        suffix, cond = self.embed_suffix(x_t, time)
+        return self._out(self.paligemma_with_expert.joint(prefix, suffix, cond))
+
+    def _out(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.action_out_proj(hidden.to(self.action_out_proj.weight.dtype)).float()
+
+    # ---- sampling ------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def sample_actions(
+        self,
+        batch: dict[str, torch.Tensor],
+        noise: torch.Tensor | None = None,
+        beta: float = 1.0,
+        num_steps: int | None = None,
+        use_cache: bool = True,
+    ) -> torch.Tensor:
+        """float32[B, H, A] normalized actions: Euler steps from ``noise`` (t = 1) to t = 0 with
+        guided velocity v = v_u + beta (v_c - v_u). ``use_cache=False`` recomputes the prefix at
+        every step (the reference the cache must equal)."""
+        images, masks = batch["images"], batch["image_masks"]
+        n = images.shape[0]
+        steps = num_steps or self.config.num_steps
+        shape = (n, self.config.action_horizon, self.config.action_dim)
+        x = torch.randn(shape, device=images.device) if noise is None else noise.float()
+        prompts = guidance_prompts(batch, beta)
+        tokens, valid = self.embed_images(images, masks)
+        reps = len(prompts)
+        ids, text_mask = stack_prompts(prompts)
+        prefix = self.prefix_from(tokens.repeat(reps, 1, 1), valid.repeat(reps, 1), ids, text_mask)
+        velocity = self._cached_velocity(prefix) if use_cache else self.velocity
+        for k in range(steps):
+            time = torch.full((n * reps,), 1.0 - k / steps, device=x.device)
+            v = velocity(prefix, x.repeat(reps, 1, 1), time)
+            if reps == 2:
+                v_cond, v_uncond = v.chunk(2)
+                v = v_uncond + beta * (v_cond - v_uncond)
+            x = x - v / steps
+        return x
+
+    def _cached_velocity(self, prefix: Prefix):
+        """v_theta(x_t, t) reading the prefix keys/values computed once here."""
+        cache = self.paligemma_with_expert.prefix_cache(prefix)
+
+        def velocity(prefix: Prefix, x_t: torch.Tensor, time: torch.Tensor) -> torch.Tensor:
+            suffix, cond = self.embed_suffix(x_t, time)
+            hidden = self.paligemma_with_expert.suffix_with_cache(cache, prefix, suffix, cond)
+            return self._out(hidden)
+
+        return velocity
+
+    # ---- eval and I/O --------------------------------------------------------------------
+
+    def summarize_eval(self, outputs: dict[str, torch.Tensor]) -> dict[str, float]:
+        """Per-branch losses over the whole eval set and their ratio (needs ``conditional``;
+        a branch without examples is left out)."""
+        if "conditional" not in outputs:
+            return {}
+        stats = branch_metrics(outputs["loss"].float(), outputs["conditional"].bool(), True)
+        out = {k: float(stats[k].mean()) for k in ("loss_conditional", "loss_unconditional")
+               if stats[k].numel()}  # fmt: skip
+        return out | ({"loss_ratio": float(stats["loss_ratio"])} if len(out) == 2 else {})
+
+    def save_pretrained(self, directory: str | os.PathLike, layout: str = "openpi") -> None:
+        """Write ``model.safetensors`` in the openpi or LeRobot key layout plus configs."""
+        from recap.models.checkpoints import save_pi05
+
+        save_pi05(self, directory, layout)
+
+
+def guidance_prompts(batch: dict[str, torch.Tensor], beta: float) -> list[tuple]:
+    """The prompt batches whose velocities are combined: [cond] for beta = 1, [uncond] for
+    beta = 0, else [cond, uncond]."""
+    cond = (batch["input_ids"], batch["attention_mask"])
+    if beta == 1.0:
+        return [cond]
+    if "uncond_input_ids" not in batch or "uncond_attention_mask" not in batch:
+        raise RecapError(
+            f"sample_actions: beta={beta} needs batch keys uncond_input_ids/uncond_attention_mask "
+            "(the plain task prompt); build them with recap.data.conditioning or use beta=1"
+        )
+    uncond = (batch["uncond_input_ids"], batch["uncond_attention_mask"])
+    return [uncond] if beta == 0.0 else [cond, uncond]
+
+
+def stack_prompts(prompts: list[tuple]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ids int64[k * B, L], mask bool[k * B, L])``: prompt batches right-padded to one L."""
+    length = max(ids.shape[1] for ids, _ in prompts)
+    ids = [F.pad(i, (0, length - i.shape[1])) for i, _ in prompts]
+    masks = [F.pad(m.bool(), (0, length - m.shape[1])) for _, m in prompts]
+    return torch.cat(ids), torch.cat(masks)
+
+
+def branch_metrics(loss: torch.Tensor, conditional: torch.Tensor, per_branch: bool) -> dict:
+    """``conditional`` float[B] (1 = advantage text in the prompt) and, when ``per_branch``
+    (training), ``loss_conditional`` float[n_c] / ``loss_unconditional`` float[n_u] (the losses
+    of each branch's examples: averaged over examples, they give exact branch means across
+    micro-batches and ranks) and ``loss_ratio`` float[] = mean_c / mean_u of this batch (1 when a
+    branch is absent from it). Eval reads ``conditional`` only (``summarize_eval``)."""
+    cond = conditional.bool().to(loss.device)
+    out = {"conditional": cond.float()}
+    if per_branch:
+        lc, lu = loss.detach()[cond], loss.detach()[~cond]
+        both = lc.numel() > 0 and lu.numel() > 0
+        ratio = lc.mean() / lu.mean().clamp_min(1e-12) if both else loss.new_tensor(1.0)
+        out |= {"loss_conditional": lc, "loss_unconditional": lu, "loss_ratio": ratio}
+    return out
+
+
+def freeze_unreachable(language_model: nn.Module) -> None:
+    """Freeze decoder parameters the action loss cannot reach: the final norm and, in the last
+    layer, everything but what projects keys/values (suffix tokens read only those)."""
+    language_model.norm.requires_grad_(False)
+    last = language_model.layers[-1]
+    for module in (last.self_attn.q_proj, last.self_attn.o_proj, last.post_attention_layernorm,
+                   last.mlp):  # fmt: skip
+        module.requires_grad_(False)
+
+
+def build_pi05(config: Pi05Config, dtype: torch.dtype = torch.float32) -> Pi05Policy:
+    """Randomly initialized policy of ``dtype``; SigLIP and the Gemma decoder come from
+    transformers ``from_config`` (so ZeRO-3 partitions them at construction)."""
+    config.validate()
+    vision = AutoModel.from_config(config.vision_config(), dtype=dtype)
+    text = AutoModel.from_config(config.text_config(), dtype=dtype)
+    return Pi05Policy(config, vision, text).to(dtype)
+
+
+@gin.configurable
+def pi05_policy(checkpoint: str | None = None, layout: str | None = None, **fields) -> Pi05Policy:
+    """Gin entry point: a local openpi/LeRobot/recap checkpoint directory, or (``checkpoint``
+    None) random init from ``Pi05Config`` ``fields`` (default: the real sizes)."""
+    if checkpoint is not None:
+        from recap.models.checkpoints import load_pi05
+
+        return load_pi05(checkpoint, layout=layout, **fields)
+    return build_pi05(Pi05Config(**fields))
