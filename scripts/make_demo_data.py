@@ -11,7 +11,7 @@ import argparse
 import sys
 import time
 
-from recap.data.synthetic import write_demo_datasets
+from recap.data.synthetic import write_demo_datasets, write_demo_tokenizer
 from recap.errors import RecapError
 
 
@@ -45,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     except (RecapError, FileExistsError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    print(f"tokenizer: {write_demo_tokenizer(args.out, force=args.force)}")
     for name, row in summary.items():
         status = "written" if row["written"] else "kept"
         print(

@@ -119,6 +119,8 @@ class FrameDataset(Dataset):
             batch[name] = torch.from_numpy(np.ascontiguousarray(values[rows]))
         return batch
 
+    collate = staticmethod(lambda batch: batch)  # __getitems__ already returns a batch
+
     def __getitem__(self, index: int) -> dict:
         batch = self.__getitems__([index])
         return {

@@ -115,10 +115,11 @@ def read_returns(root: str | os.PathLike, tag: str) -> tuple[pa.Table, dict]:
     stats_path = sidecar_path(root, RETURNS, tag, ".json")
     if not path.is_file() or not stats_path.is_file():
         missing = path if not path.is_file() else stats_path
+        found = ", ".join(repr(t) for t in sidecar_tags(root, RETURNS)) or "none"
         raise DatasetError(
             located(
                 missing,
-                f"returns sidecar for tag {tag!r} not found; run Step 1 "
+                f"returns sidecar for tag {tag!r} not found (tags found: {found}); run Step 1 "
                 f"(scripts/compute_returns.py) with tag {tag!r} on this dataset first",
             )
         )
@@ -211,11 +212,11 @@ def write_advantages(root: str | os.PathLike, tag: str, table: pa.Table, record:
     return sidecar_path(root, ADVANTAGES, tag)
 
 
-def advantage_tags(root: str | os.PathLike) -> list[str]:
-    """Tags of the advantages sidecars present under ``{root}/meta`` ("" for the untagged one)."""
+def sidecar_tags(root: str | os.PathLike, kind: str) -> list[str]:
+    """Tags of the ``kind`` sidecars present under ``{root}/meta`` ("" for the untagged one)."""
     meta = Path(root) / "meta"
-    names = [p.name for p in meta.glob(f"{ADVANTAGES}*.parquet")] if meta.is_dir() else []
-    tags = [n[len(ADVANTAGES) : -len(".parquet")] for n in names]
+    names = [p.name for p in meta.glob(f"{kind}*.parquet")] if meta.is_dir() else []
+    tags = [n[len(kind) : -len(".parquet")] for n in names]
     return sorted(t[1:] if t.startswith("_") else t for t in tags if t == "" or t[0] == "_")
 
 
@@ -223,7 +224,7 @@ def read_advantages(root: str | os.PathLike, tag: str) -> tuple[pa.Table, dict]:
     """An advantages sidecar (schema metadata kept) and its tag's record ({} when unrecorded)."""
     path = sidecar_path(root, ADVANTAGES, tag)
     if not path.is_file():
-        found = ", ".join(repr(t) for t in advantage_tags(root)) or "none"
+        found = ", ".join(repr(t) for t in sidecar_tags(root, ADVANTAGES)) or "none"
         raise DatasetError(
             located(
                 path,

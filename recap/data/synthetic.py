@@ -112,6 +112,16 @@ def render(
     return image
 
 
+CLOCK_RGB = (230, 200, 40)
+
+
+def draw_clock(image: np.ndarray, elapsed: float) -> None:
+    """Fill the top two rows of uint8[S, S, 3] ``image`` from the left over ``elapsed`` (0..1)
+    of the episode's time: time is part of the task's state (a failing episode's return depends
+    on how long it has left), so the base camera shows it, like a real scene's progress cues."""
+    image[:2, : int(round(image.shape[1] * min(max(elapsed, 0.0), 1.0)))] = CLOCK_RGB
+
+
 class ReachEnv:
     """The reaching task with a stepping API: ``reset() -> obs``, ``step(a) -> (obs, done, ok)``.
 
@@ -137,9 +147,11 @@ class ReachEnv:
         cfg, targets = self.config, self.layout.targets
         state = np.zeros(STATE_DIM, np.float32)
         state[:4] = (*self.agent, *self.velocity)
+        base = render(np.array([0.5, 0.5]), 1.0, self.agent, targets, cfg)
+        draw_clock(base, self.steps / cfg.max_steps)
         return {
             "images": {
-                "image": render(np.array([0.5, 0.5]), 1.0, self.agent, targets, cfg),
+                "image": base,
                 "wrist_image": render(self.agent, cfg.wrist_view, self.agent, targets, cfg),
             },
             "state": state,
@@ -432,3 +444,18 @@ def summarize_dataset(root: str | Path) -> dict[str, Any]:
         "successes": successes,
         "frames": int(info["total_frames"]),
     }
+
+
+DEMO_PROMPT_WORDS = ("Task:", ".", "Advantage:", "positive", "negative")
+
+
+def write_demo_tokenizer(root: str | Path, force: bool = False) -> Path:
+    """A word-level tokenizer for the demo's prompts at ``{root}/tokenizer`` (kept if present):
+    the task texts plus the value prompt ``Task: ....`` and the advantage text."""
+    from recap.data.transforms import write_word_tokenizer
+
+    path = Path(root) / "tokenizer"
+    if (path / "tokenizer.json").is_file() and not force:
+        return path
+    texts = [task_text(c) for c in COLORS] + [" ".join(DEMO_PROMPT_WORDS)]
+    return write_word_tokenizer(path, texts)

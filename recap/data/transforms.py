@@ -104,8 +104,13 @@ def resize_with_pad(images: torch.Tensor, size: int = IMAGE_SIZE) -> torch.Tenso
     return F.pad(resized, (left, size - new_w - left, top, size - new_h - top), value=0.0)
 
 
-def _uniform(n: int, low: float, high: float, generator: torch.Generator | None) -> torch.Tensor:
-    return low + (high - low) * torch.rand(n, generator=generator)
+def _uniform(
+    n: int, low: float, high: float, generator: torch.Generator | None, like: torch.Tensor
+) -> torch.Tensor:
+    """float[n] U[low, high] drawn on the CPU (seeded ``generator`` or the global RNG), then
+    moved to ``like``'s device and dtype."""
+    draw = low + (high - low) * torch.rand(n, generator=generator)
+    return draw.to(device=like.device, dtype=like.dtype)
 
 
 def augment_geometry(
@@ -114,8 +119,8 @@ def augment_geometry(
     """float[N, 3, H, W] in [0, 1]: a random ``CROP_SCALE`` crop (resized back) rotated by
     U[-5, 5] degrees, per image; pixels from outside the image are black."""
     n, _, height, width = images.shape
-    angle = _uniform(n, -MAX_ROTATION_DEG, MAX_ROTATION_DEG, generator) * math.pi / 180
-    shift = _uniform(2 * n, -(1 - CROP_SCALE), 1 - CROP_SCALE, generator).view(n, 2)
+    angle = _uniform(n, -MAX_ROTATION_DEG, MAX_ROTATION_DEG, generator, images) * math.pi / 180
+    shift = _uniform(2 * n, -(1 - CROP_SCALE), 1 - CROP_SCALE, generator, images).view(n, 2)
     cos, sin = angle.cos(), angle.sin()
     theta = torch.stack(
         [
@@ -133,8 +138,8 @@ def augment_color(images: torch.Tensor, generator: torch.Generator | None = None
     """float[N, 3, H, W] in [0, 1]: brightness, contrast (around the mean gray), saturation
     (around each pixel's gray) jitter with per-image factors; clamped to [0, 1] after each."""
     n = images.shape[0]
-    weights = torch.tensor(GRAY_WEIGHTS, dtype=images.dtype).view(1, 3, 1, 1)
-    factors = [_uniform(n, *r, generator).view(n, 1, 1, 1) for r in (BRIGHTNESS, CONTRAST,
+    weights = torch.tensor(GRAY_WEIGHTS, dtype=images.dtype, device=images.device).view(1, 3, 1, 1)
+    factors = [_uniform(n, *r, generator, images).view(n, 1, 1, 1) for r in (BRIGHTNESS, CONTRAST,
                                                                      SATURATION)]  # fmt: skip
     images = (images * factors[0]).clamp(0.0, 1.0)
     mean = (images * weights).sum(dim=1, keepdim=True).mean(dim=(2, 3), keepdim=True)
@@ -192,3 +197,25 @@ def camera_images(
             images[:, slot] = prepare_images(slot_frames, size, train, is_wrist(key), generator)
             masks[:, slot] = True
     return images, masks
+
+
+def write_word_tokenizer(directory: str | os.PathLike, texts: Sequence[str]) -> Path:
+    """Save a word-level tokenizer covering ``texts`` (lower-cased, split on whitespace and
+    punctuation) the way Hugging Face saves tokenizers, with Gemma's special ids (pad 0, eos 1,
+    bos 2, unk 3). For the embedded demo and tests, where no Gemma tokenizer can be downloaded;
+    load it back with ``load_tokenizer``."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    special = ["<pad>", "<eos>", "<bos>", "<unk>"]
+    splitter = pre_tokenizers.Whitespace()
+    words = sorted({w for t in texts for w, _ in splitter.pre_tokenize_str(t.lower())})
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(special + words)}, "<unk>"))
+    tok.normalizer = normalizers.Lowercase()
+    tok.pre_tokenizer = splitter
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
+        unk_token="<unk>",
+    )  # fmt: skip
+    fast.save_pretrained(str(directory))
+    return Path(directory)

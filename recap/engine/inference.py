@@ -52,8 +52,10 @@ def _local_outputs(model, dataset, batch_size: int, fn: Callable) -> dict[str, t
     positions = shard_positions(len(dataset), distributed.rank(), distributed.world_size())
     collate, device = _collate(dataset), accelerator.device()
     chunks: dict[str, list[torch.Tensor]] = {}
+    fetch = getattr(dataset, "__getitems__", None)  # a whole batch at once (torch's protocol)
     for start in range(0, len(positions), batch_size):
-        items = [dataset[i] for i in positions[start : start + batch_size]]
+        chunk = positions[start : start + batch_size]
+        items = fetch(chunk) if fetch is not None else [dataset[i] for i in chunk]
         outputs = fn(model, accelerator.to_device(collate(items), device))
         for key, value in outputs.items():
             chunks.setdefault(key, []).append(value.detach().cpu())

@@ -205,11 +205,13 @@ class Trainer:
         module = self.engine.module
         if hasattr(module, "summarize_eval"):
             metrics.update({f"eval/{k}": v for k, v in module.summarize_eval(outputs).items()})
-        try:
-            figures = module.eval_figures(outputs) if hasattr(module, "eval_figures") else {}
-        except Exception as exc:  # a plot must never stop training
-            warnings.warn(f"eval_figures failed: {exc}", stacklevel=2)
-            figures = {}
+        figures = {}
+        for owner in (module, self.eval_data):  # the model's pictures, then the data's
+            try:
+                if hasattr(owner, "eval_figures"):
+                    figures.update(owner.eval_figures(outputs))
+            except Exception as exc:  # a plot must never stop training
+                warnings.warn(f"eval_figures failed: {exc}", stacklevel=2)
         for name, fig in figures.items():
             self.tracker.log_figure(fig, f"plots/{name}_step_{step:07d}.png")
         self.last_eval = metrics

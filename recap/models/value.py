@@ -32,6 +32,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import AutoModel, Gemma3TextConfig, SiglipVisionConfig
 
+from recap.data.transforms import augment_color, augment_geometry
 from recap.errors import RecapError
 from recap.models import layers
 from recap.models.losses import categorical_value_loss, expected_value
@@ -148,8 +149,9 @@ class ValueModel(nn.Module):
 
     def logits(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """float[B, num_bins] value logits of a batch (keys in the module docstring)."""
+        images = batch["images"] if "images" in batch else self.frames_to_images(batch["frames"])
         embeds, valid = self.embed_prefix(
-            batch["images"], batch["image_masks"], batch["input_ids"], batch["attention_mask"]
+            images, batch["image_masks"], batch["input_ids"], batch["attention_mask"]
         )
         positions = (valid.long().cumsum(dim=1) - 1).clamp(min=0)
         depth = self.config.expert_depth
@@ -168,6 +170,20 @@ class ValueModel(nn.Module):
         ropes = {t: self.language_model.rotary_emb(token, token_pos, t) for t in set(types)}
         hidden = self.expert(token, kvs, valid, [ropes[t] for t in types])
         return self.head["proj"](hidden)
+
+    def frames_to_images(self, frames: torch.Tensor) -> torch.Tensor:
+        """uint8[B, C, S, S, 3] camera slots -> float[B, C, 3, S, S] in [-1, 1], on the frames'
+        device; augmented in training (SPEC: crop + rotation on slot 0, the base camera, and
+        colour jitter on all; slots 1-2 are the wrist cameras)."""
+        batch, cams = frames.shape[:2]
+        unit = frames.flatten(0, 1).permute(0, 3, 1, 2).float() / 255.0
+        if self.training:
+            unit = unit.view(batch, cams, *unit.shape[1:])
+            base = augment_geometry(unit[:, 0])
+            unit = torch.cat([base[:, None], unit[:, 1:]], dim=1).flatten(0, 1)
+            unit = augment_color(unit)
+        dtype = next(self.vision_tower.parameters()).dtype
+        return (unit * 2.0 - 1.0).view(batch, cams, *unit.shape[1:]).to(dtype)
 
     def embed_prefix(
         self,

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import gin
 
+import recap.data.datasets  # noqa: F401  (registers value_data with gin)
 import recap.models.toy  # noqa: F401  (registers toy_model / toy_data with gin)
+import recap.models.value  # noqa: F401  (registers value_model with gin)
 from recap.engine import distributed
 from recap.engine.deepspeed_config import deepspeed_config
 from recap.engine.tracking import Tracker

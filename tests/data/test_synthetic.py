@@ -22,6 +22,7 @@ from recap.data.lerobot_writer import (
 )
 from recap.data.synthetic import (
     ACTION_NAMES,
+    CLOCK_RGB,
     ROLLOUT_MIX,
     STATE_NAMES,
     RandomPolicy,
@@ -401,5 +402,16 @@ def test_write_demo_datasets_and_script(tmp_path, capsys):
     flags = ["--sft-episodes", "2", "--rollout-episodes", "3", "--eval-episodes", "2"]
     assert main(["--out", str(tmp_path), *flags, "--force", "--max-steps", "12"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert [line.split(":")[0] for line in lines] == ["sft", "rollout", "eval"]
+    assert [line.split(":")[0] for line in lines] == ["tokenizer", "sft", "rollout", "eval"]
+    lines = lines[1:]
     assert "written" in lines[0] and "episodes=2" in lines[0] and "successes=2" in lines[0]
+
+
+def test_clock_bar_shows_elapsed_time():
+    env = ReachEnv(seed=0)
+    first = env.reset()["images"]["image"]
+    assert not (first[:2] == CLOCK_RGB).all(axis=-1).any()  # nothing elapsed yet
+    for _ in range(10):
+        obs, _, _ = env.step(np.zeros(7, np.float32))
+    filled = (obs["images"]["image"][:2] == CLOCK_RGB).all(axis=-1)
+    assert filled.sum(axis=1).tolist() == [16, 16]  # 10 of 40 steps: a quarter of 64 columns

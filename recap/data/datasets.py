@@ -1,0 +1,240 @@
+"""Step 2 training data: frames of several LeRobot datasets with normalized return targets.
+
+``ValueDataset`` mixes datasets with weights through a fixed virtual index (built once, seeded,
+with no Python loop over rows): ``proportional`` mixing keeps each dataset's share equal to its
+frames times its weight; ``balanced`` gives every dataset the same share per unit weight (small
+datasets repeat). Targets are the Step 1 returns normalized with the one shared map
+(``recap.core.normalize``) over the *training* datasets' range, for eval sets too.
+
+A batch (one ``__getitems__`` call per DataLoader worker) holds uint8 frames resized to the model's
+image size in camera slots (base, left wrist, right wrist; a missing camera is a zero image with
+mask False), prompt tokens cut to the longest prompt of the batch, and targets. The model turns
+frames into floats and augments them on its device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gin
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import torch
+from torch.utils.data import Dataset
+
+from recap.core import columns as C
+from recap.core.advantages import align_to_frames
+from recap.core.normalize import ReturnRange, normalize_returns
+from recap.data.lerobot import KeyMap
+from recap.data.loader import FrameDataset
+from recap.data.sidecars import read_returns
+from recap.data.specs import DatasetSpec, parse_dataset_specs
+from recap.data.transforms import (
+    build_prompt,
+    load_tokenizer,
+    resize_with_pad,
+    to_unit_images,
+    tokenize_prompts,
+)
+from recap.errors import DatasetError, RecapError, located
+
+NUM_SLOTS = 3
+MIXING = ("proportional", "balanced")
+
+
+def training_return_range(specs: list[DatasetSpec], tag: str) -> ReturnRange:
+    """Global return range of the training datasets (SPEC: min of mins, max of maxes)."""
+    ranges = []
+    for spec in specs:
+        _, stats = read_returns(spec.root, tag)
+        ranges.append(ReturnRange(stats["return_min"], stats["return_max"]))
+    return ReturnRange.union(ranges)
+
+
+@dataclass
+class _Source:
+    """One dataset: its frames, per-row target and per-row prompt code (into the shared list)."""
+
+    spec: DatasetSpec
+    frames: FrameDataset
+    target: np.ndarray
+    prompt_code: np.ndarray
+
+
+class ValueDataset(Dataset):
+    """Frames + ``Task: {task}.`` tokens + normalized return targets of several datasets.
+
+    Args:
+        specs: the datasets (``recap.data.specs``), each with a ``weight``.
+        returns_tag: tag of the Step 1 sidecars to read.
+        return_range: the training range (``training_return_range``), shared with eval sets.
+        tokenizer: a Hugging Face tokenizer (``transforms.load_tokenizer``).
+        image_size: model image size; frames are resized (with padding) to it, kept uint8.
+        key_maps: per dataset name, camera/state/action keys (default: detected).
+        mixing: ``proportional`` or ``balanced`` (see module docstring).
+    """
+
+    def __init__(
+        self,
+        specs: list[DatasetSpec],
+        returns_tag: str,
+        return_range: ReturnRange,
+        tokenizer,
+        image_size: int,
+        max_length: int = 200,
+        key_maps: dict[str, KeyMap] | None = None,
+        mixing: str = "proportional",
+        seed: int = 0,
+    ):
+        if mixing not in MIXING:
+            raise RecapError(f"value_data.mixing: {mixing!r} is not one of {list(MIXING)}")
+        self.image_size, self.return_range = image_size, return_range
+        prompts: list[str] = []
+        self.sources = [
+            self._source(spec, returns_tag, (key_maps or {}).get(spec.name), prompts)
+            for spec in specs
+        ]
+        self.prompts = prompts
+        self.prompt_ids, self.prompt_mask = tokenize_prompts(tokenizer, prompts, max_length)
+        self.source_of, self.row_of = _virtual_index(
+            [len(s.frames) for s in self.sources], [s.spec.weight for s in self.sources], mixing,
+            seed,
+        )  # fmt: skip
+
+    def _source(self, spec: DatasetSpec, tag: str, key_map: KeyMap | None, prompts: list[str]):
+        frames = FrameDataset(spec.root, key_map=key_map)
+        if len(frames.key_map.cameras) > NUM_SLOTS:
+            cams = len(frames.key_map.cameras)
+            message = f"{cams} cameras; the value model has {NUM_SLOTS} slots, trim the key map"
+            raise DatasetError(located(spec.root, message))
+        sidecar, _ = read_returns(spec.root, tag)
+        keys = pa.table({C.EPISODE_INDEX: frames.columns[C.EPISODE_INDEX],
+                         C.FRAME_INDEX: frames.columns[C.FRAME_INDEX]})  # fmt: skip
+        try:
+            joined = align_to_frames(keys, sidecar, [C.RETURN, C.PROMPT], "returns sidecar")
+        except RecapError as exc:
+            raise DatasetError(located(spec.root / "meta", exc.message)) from exc
+        r = self.return_range
+        target = normalize_returns(joined.column(C.RETURN).to_numpy(), r.offset, r.scale)
+        encoded = pc.dictionary_encode(joined.column(C.PROMPT)).combine_chunks()
+        first = len(prompts)
+        prompts.extend(build_prompt(t) for t in encoded.dictionary.to_pylist())
+        code = encoded.indices.to_numpy().astype(np.int64) + first
+        return _Source(spec, frames, target.astype(np.float32), code)
+
+    def __len__(self) -> int:
+        return int(self.source_of.shape[0])
+
+    def __getitems__(self, indices) -> dict:
+        idx = np.asarray(indices, dtype=np.int64)
+        src, rows = self.source_of[idx], self.row_of[idx]
+        n = idx.shape[0]
+        frames = torch.zeros(n, NUM_SLOTS, self.image_size, self.image_size, 3, dtype=torch.uint8)
+        masks = torch.zeros(n, NUM_SLOTS, dtype=torch.bool)
+        target = np.empty(n, dtype=np.float32)
+        code = np.empty(n, dtype=np.int64)
+        for s in np.unique(src).tolist():  # one batched fetch per dataset in the batch
+            sel = np.flatnonzero(src == s)
+            source = self.sources[s]
+            batch = source.frames.__getitems__(rows[sel])
+            for slot, camera in enumerate(source.frames.key_map.cameras):
+                frames[sel, slot] = self._resize(batch["images"][camera])
+                masks[sel, slot] = True
+            target[sel] = source.target[rows[sel]]
+            code[sel] = source.prompt_code[rows[sel]]
+        length = max(int(self.prompt_mask[code].sum(1).max()), 1) if n else 1
+        return {
+            "frames": frames,
+            "image_masks": masks,
+            "input_ids": self.prompt_ids[code, :length],
+            "attention_mask": self.prompt_mask[code, :length],
+            "target": torch.from_numpy(target),
+            "source": torch.from_numpy(src),
+            "row": torch.from_numpy(rows),
+        }
+
+    def __getitem__(self, index: int) -> dict:
+        return {k: v[0] for k, v in self.__getitems__([index]).items()}
+
+    collate = staticmethod(lambda batch: batch)  # __getitems__ already returns a batch
+
+    def _resize(self, images: torch.Tensor) -> torch.Tensor:
+        """uint8[N, H, W, 3] -> uint8[N, S, S, 3] (resize with padding; no-op at size S)."""
+        if images.shape[1:3] == (self.image_size, self.image_size):
+            return images
+        unit = resize_with_pad(to_unit_images(images), self.image_size)
+        return (unit * 255.0).round().to(torch.uint8).permute(0, 2, 3, 1)
+
+    def episode_keys(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per virtual item: (dataset index, episode_index, frame_index), for pictures."""
+        episode = np.empty(len(self), dtype=np.int64)
+        frame = np.empty(len(self), dtype=np.int64)
+        for s, source in enumerate(self.sources):
+            sel = self.source_of == s
+            episode[sel] = source.frames.columns[C.EPISODE_INDEX][self.row_of[sel]]
+            frame[sel] = source.frames.columns[C.FRAME_INDEX][self.row_of[sel]]
+        return self.source_of, episode, frame
+
+    def eval_figures(self, outputs: dict[str, torch.Tensor]) -> dict:
+        """A PNG-ready figure of predicted vs target value along a few eval episodes."""
+        from recap.viz import value_curves
+
+        return {"value_curves": value_curves(self, outputs)}
+
+
+def _virtual_index(
+    sizes: list[int], weights: list[float], mixing: str, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(source int64[m], row int64[m]) of the mixture: each source's count is its weight times its
+    size (proportional) or times the largest size (balanced); whole passes plus a seeded
+    sample without replacement for the fraction. Sorted by (source, row) for decode locality."""
+    rng = np.random.default_rng(seed)
+    base = max(sizes) if mixing == "balanced" else None
+    sources, rows = [], []
+    for s, (size, weight) in enumerate(zip(sizes, weights)):
+        if weight < 0 or size == 0:
+            raise RecapError(f"datasets[{s}]: weight {weight} / {size} frames; need weight >= 0")
+        count = int(round(weight * (base if base is not None else size)))
+        full, rest = divmod(count, size)
+        picked = np.concatenate([np.tile(np.arange(size), full),
+                                 np.sort(rng.choice(size, rest, replace=False))])  # fmt: skip
+        sources.append(np.full(picked.shape[0], s, dtype=np.int64))
+        rows.append(picked.astype(np.int64))
+    return np.concatenate(sources), np.concatenate(rows)
+
+
+@gin.configurable
+def value_data(
+    split: str = "train",
+    datasets: list[dict] = gin.REQUIRED,
+    eval_datasets: list[dict] | None = None,
+    data_root: str = "",
+    returns_tag: str = "",
+    tokenizer_path: str = gin.REQUIRED,
+    image_size: int = 224,
+    max_length: int = 200,
+    mixing: str = "proportional",
+    seed: int = 0,
+) -> ValueDataset:
+    """Gin builder of the value model's train (``split="train"``) or eval data.
+
+    Both splits normalize targets with the training datasets' return range. In gin::
+
+        train.data_fn = @value_data
+        train.eval_data_fn = @eval/value_data
+        eval/value_data.split = "eval"
+    """
+    if split not in ("train", "eval"):
+        raise RecapError(f"value_data.split: {split!r}; use 'train' or 'eval'")
+    train_specs = parse_dataset_specs(datasets, data_root, "value_data.datasets")
+    return_range = training_return_range(train_specs, returns_tag)
+    specs = train_specs
+    if split == "eval":
+        if not eval_datasets:
+            raise RecapError("value_data.eval_datasets: empty; list the eval datasets in gin")
+        specs = parse_dataset_specs(eval_datasets, data_root, "value_data.eval_datasets")
+    return ValueDataset(
+        specs, returns_tag, return_range, load_tokenizer(tokenizer_path), image_size,
+        max_length, mixing=mixing, seed=seed,
+    )  # fmt: skip
