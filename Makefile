@@ -21,6 +21,8 @@ $(STAMP): setup.py constraints-cpu.txt
 demo: $(STAMP)
 	$(PY) scripts/make_demo_data.py --out $(DEMO_DATA)
 	$(PY) scripts/compute_returns.py --gin_file demo/returns.gin
+	$(VENV)/bin/deepspeed --num_gpus 2 --master_port 29531 scripts/train.py \
+	    --gin_file demo/value.gin
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests
@@ -32,6 +34,10 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/returns.py
 	$(PY) bench/advantages.py
+	$(PY) bench/frame_loader.py
+	$(PY) bench/engine.py
+	$(PY) bench/value_layers.py
+	$(PY) bench/policy_sampling.py
 
 clean:
-	rm -rf $(VENV) $(DEMO_DATA) mlflow.db mlruns .pytest_cache
+	rm -rf $(VENV) $(DEMO_DATA) mlflow.db mlruns runs .pytest_cache
