@@ -27,7 +27,7 @@ from recap.core import columns as C
 from recap.core.advantages import align_to_frames
 from recap.core.normalize import ReturnRange, normalize_returns
 from recap.data.lerobot import KeyMap
-from recap.data.loader import FrameDataset
+from recap.data.loader import FrameDataset, pass_through
 from recap.data.sidecars import read_returns
 from recap.data.specs import DatasetSpec, parse_dataset_specs
 from recap.data.transforms import (
@@ -157,7 +157,7 @@ class ValueDataset(Dataset):
     def __getitem__(self, index: int) -> dict:
         return {k: v[0] for k, v in self.__getitems__([index]).items()}
 
-    collate = staticmethod(lambda batch: batch)  # __getitems__ already returns a batch
+    collate = staticmethod(pass_through)  # __getitems__ already returns a batch
 
     def _resize(self, images: torch.Tensor) -> torch.Tensor:
         """uint8[N, H, W, 3] -> uint8[N, S, S, 3] (resize with padding; no-op at size S)."""

@@ -41,6 +41,11 @@ def fixed_width(column: pa.ChunkedArray, where: object, name: str) -> np.ndarray
     return flat.reshape(n, flat.size // n if n else 0)
 
 
+def pass_through(batch: dict) -> dict:
+    """Collate function for datasets whose ``__getitems__`` already returns a batch."""
+    return batch
+
+
 class FrameDataset(Dataset):
     """Items of one LeRobot dataset for training: frames, state, action chunk, extra columns.
 
@@ -119,7 +124,7 @@ class FrameDataset(Dataset):
             batch[name] = torch.from_numpy(np.ascontiguousarray(values[rows]))
         return batch
 
-    collate = staticmethod(lambda batch: batch)  # __getitems__ already returns a batch
+    collate = staticmethod(pass_through)  # __getitems__ already returns a batch
 
     def __getitem__(self, index: int) -> dict:
         batch = self.__getitems__([index])
@@ -149,11 +154,6 @@ def action_chunks(episodes, horizon: int) -> tuple[np.ndarray, np.ndarray]:
     rows[episodes.order] = rows_sorted
     mask[episodes.order] = mask_sorted
     return rows, mask
-
-
-def pass_through(batch: dict) -> dict:
-    """Collate function for datasets whose ``__getitems__`` already returns a batch."""
-    return batch
 
 
 class ShardedSequentialBatches(Sampler[list[int]]):

@@ -113,13 +113,14 @@ def render(
 
 
 CLOCK_RGB = (230, 200, 40)
+CLOCK_ROWS = 4
 
 
 def draw_clock(image: np.ndarray, elapsed: float) -> None:
-    """Fill the top two rows of uint8[S, S, 3] ``image`` from the left over ``elapsed`` (0..1)
-    of the episode's time: time is part of the task's state (a failing episode's return depends
-    on how long it has left), so the base camera shows it, like a real scene's progress cues."""
-    image[:2, : int(round(image.shape[1] * min(max(elapsed, 0.0), 1.0)))] = CLOCK_RGB
+    """Fill the top ``CLOCK_ROWS`` rows of uint8[S, S, 3] ``image`` from the left over
+    ``elapsed`` (0..1) of the episode's time: time is part of the task's state (a failing
+    episode's return depends on how long it has left), so the base camera shows it."""
+    image[:CLOCK_ROWS, : int(round(image.shape[1] * min(max(elapsed, 0.0), 1.0)))] = CLOCK_RGB
 
 
 class ReachEnv:

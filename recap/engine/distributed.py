@@ -177,6 +177,9 @@ def train_batches(
         batch_sampler=sampler,
         num_workers=num_workers,
         collate_fn=collate,
+        # not fork: a worker forked while gloo/OpenMP/FFmpeg threads hold a lock deadlocks
+        multiprocessing_context="forkserver" if num_workers else None,
+        persistent_workers=num_workers > 0,
         generator=torch.Generator().manual_seed(seed + start),
     )
     return iter(loader)

@@ -410,8 +410,8 @@ def test_write_demo_datasets_and_script(tmp_path, capsys):
 def test_clock_bar_shows_elapsed_time():
     env = ReachEnv(seed=0)
     first = env.reset()["images"]["image"]
-    assert not (first[:2] == CLOCK_RGB).all(axis=-1).any()  # nothing elapsed yet
+    assert not (first[:4] == CLOCK_RGB).all(axis=-1).any()  # nothing elapsed yet
     for _ in range(10):
         obs, _, _ = env.step(np.zeros(7, np.float32))
-    filled = (obs["images"]["image"][:2] == CLOCK_RGB).all(axis=-1)
-    assert filled.sum(axis=1).tolist() == [16, 16]  # 10 of 40 steps: a quarter of 64 columns
+    filled = (obs["images"]["image"][:4] == CLOCK_RGB).all(axis=-1)
+    assert filled.sum(axis=1).tolist() == [16] * 4  # 10 of 40 steps: a quarter of 64 columns
