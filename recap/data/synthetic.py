@@ -112,17 +112,6 @@ def render(
     return image
 
 
-CLOCK_RGB = (230, 200, 40)
-CLOCK_ROWS = 4
-
-
-def draw_clock(image: np.ndarray, elapsed: float) -> None:
-    """Fill the top ``CLOCK_ROWS`` rows of uint8[S, S, 3] ``image`` from the left over
-    ``elapsed`` (0..1) of the episode's time: time is part of the task's state (a failing
-    episode's return depends on how long it has left), so the base camera shows it."""
-    image[:CLOCK_ROWS, : int(round(image.shape[1] * min(max(elapsed, 0.0), 1.0)))] = CLOCK_RGB
-
-
 class ReachEnv:
     """The reaching task with a stepping API: ``reset() -> obs``, ``step(a) -> (obs, done, ok)``.
 
@@ -148,11 +137,9 @@ class ReachEnv:
         cfg, targets = self.config, self.layout.targets
         state = np.zeros(STATE_DIM, np.float32)
         state[:4] = (*self.agent, *self.velocity)
-        base = render(np.array([0.5, 0.5]), 1.0, self.agent, targets, cfg)
-        draw_clock(base, self.steps / cfg.max_steps)
         return {
             "images": {
-                "image": base,
+                "image": render(np.array([0.5, 0.5]), 1.0, self.agent, targets, cfg),
                 "wrist_image": render(self.agent, cfg.wrist_view, self.agent, targets, cfg),
             },
             "state": state,

@@ -22,7 +22,6 @@ from recap.data.lerobot_writer import (
 )
 from recap.data.synthetic import (
     ACTION_NAMES,
-    CLOCK_RGB,
     ROLLOUT_MIX,
     STATE_NAMES,
     RandomPolicy,
@@ -406,12 +405,3 @@ def test_write_demo_datasets_and_script(tmp_path, capsys):
     lines = lines[1:]
     assert "written" in lines[0] and "episodes=2" in lines[0] and "successes=2" in lines[0]
 
-
-def test_clock_bar_shows_elapsed_time():
-    env = ReachEnv(seed=0)
-    first = env.reset()["images"]["image"]
-    assert not (first[:4] == CLOCK_RGB).all(axis=-1).any()  # nothing elapsed yet
-    for _ in range(10):
-        obs, _, _ = env.step(np.zeros(7, np.float32))
-    filled = (obs["images"]["image"][:4] == CLOCK_RGB).all(axis=-1)
-    assert filled.sum(axis=1).tolist() == [16] * 4  # 10 of 40 steps: a quarter of 64 columns
