@@ -315,8 +315,11 @@ def add_advantages(
     record.update(_computation_record(normalization, return_range, lookahead, gamma))
     columns = [layout.episode_index, layout.frame_index, nstep.advantage, returns, values]
     columns += [nstep.value_next, nstep.reward_sum, nstep.reward_sum_raw, nstep.num_valid]
-    arrays = [pa.array(c) for c in columns] + [layout.dataset_column(), pa.array(label)]
-    return with_labeling(pa.Table.from_arrays(arrays, schema=C.ADVANTAGES_SCHEMA), record)
+    names = layout.dataset_column()
+    arrays = [pa.array(c) for c in columns] + [names, pa.array(label)]
+    field = C.ADVANTAGES_SCHEMA.get_field_index(C.DATASET_NAME)
+    schema = C.ADVANTAGES_SCHEMA.set(field, pa.field(C.DATASET_NAME, names.type))
+    return with_labeling(pa.Table.from_arrays(arrays, schema=schema), record)
 
 
 def relabel_advantages(table: pa.Table, labels: LabelOptions) -> pa.Table:
@@ -332,7 +335,11 @@ def relabel_advantages(table: pa.Table, labels: LabelOptions) -> pa.Table:
     label, record = _label(advantage, table, layout, tasks, labels)
     previous = labeling_of(table)
     record.update({k: previous[k] for k in COMPUTATION_KEYS if k in previous})
-    out = table.select(C.ADVANTAGES_SCHEMA.names).cast(C.ADVANTAGES_SCHEMA)
+    names = table.column(C.DATASET_NAME)  # kept as given: plain or dictionary-encoded strings
+    schema = C.ADVANTAGES_SCHEMA.set(
+        C.ADVANTAGES_SCHEMA.get_field_index(C.DATASET_NAME), pa.field(C.DATASET_NAME, names.type)
+    )
+    out = table.select(C.ADVANTAGES_SCHEMA.names).cast(schema)
     out = out.set_column(out.num_columns - 1, C.ADVANTAGE, pa.array(label))
     return with_labeling(out, record)
 
@@ -464,9 +471,11 @@ class FrameLayout:
         """Per-row values of the table -> layout order."""
         return values if self.order is None else values[self.order]
 
-    def dataset_column(self) -> pa.Array:
-        """string[n] dataset name per row (layout order)."""
-        return pc.take(pa.array(self.dataset_names, pa.string()), pa.array(self.dataset_codes))
+    def dataset_column(self) -> pa.DictionaryArray:
+        """string[n] dataset name per row (layout order), dictionary-encoded: no string copies
+        (parquet stores it as a plain string column; ``read_parquet`` returns strings)."""
+        codes = pa.array(self.dataset_codes.astype(np.int32))
+        return pa.DictionaryArray.from_arrays(codes, pa.array(self.dataset_names, pa.string()))
 
 
 @dataclass(frozen=True)
@@ -491,7 +500,7 @@ def frame_layout(table: pa.Table, dataset_name: str | None, *, sort: bool = True
         return FrameLayout(None, None, codes, names, episode, frame)
     episodes = _find_episodes(episode, frame, codes, names)
     order = episodes.order
-    if np.all(order[1:] > order[:-1]):  # an increasing permutation is the identity
+    if episodes.presorted:  # rows already in (dataset, episode, frame) order
         return FrameLayout(None, episodes, codes, names, episode, frame)
     return FrameLayout(order, episodes, codes[order], names, episode[order], frame[order])
 

@@ -33,6 +33,7 @@ class Episodes:
         lengths: int64[E] number of frames of each episode.
         first: bool[n] whether each sorted row starts an episode.
         position: int64[n] per sorted row, its frame t within the episode (0..T-1).
+        presorted: whether the rows came already sorted (``order`` is the identity).
     """
 
     order: np.ndarray
@@ -41,6 +42,7 @@ class Episodes:
     lengths: np.ndarray
     first: np.ndarray
     position: np.ndarray
+    presorted: bool = False
 
     @cached_property
     def episode_of(self) -> np.ndarray:
@@ -93,7 +95,7 @@ def find_episodes(episode_index: np.ndarray, frame_index: np.ndarray) -> Episode
     n = episode_index.shape[0]
     if n == 0:
         empty = np.zeros(0, dtype=np.int64)
-        return Episodes(empty, empty, empty, empty, np.zeros(0, dtype=bool), empty)
+        return Episodes(empty, empty, empty, empty, np.zeros(0, dtype=bool), empty, True)
     step_ep, step_fr = np.diff(episode_index), np.diff(frame_index)
     if _sorted_and_consecutive(step_ep, step_fr) and frame_index[0] == 0:
         # the usual case, checked in one pass: no sort, and only episode starts left to check
@@ -110,6 +112,7 @@ def find_episodes(episode_index: np.ndarray, frame_index: np.ndarray) -> Episode
                 np.diff(starts, append=n),
                 new_episode,
                 frame_index,
+                presorted=True,
             )
     if not _is_sorted(step_ep, step_fr):
         order = np.lexsort((frame_index, episode_index))
@@ -128,7 +131,8 @@ def find_episodes(episode_index: np.ndarray, frame_index: np.ndarray) -> Episode
     if bad_step.any() or bad_start.any():
         i = _first_bad_row(starts, bad_start, bad_step)
         raise FrameIndexError(_frame_error(ep, fr, new_episode, i), row=int(order[i]))
-    return Episodes(order, ep[starts], starts, np.diff(starts, append=n), new_episode, fr)
+    lengths = np.diff(starts, append=n)  # rows needed the sort (sorted valid rows returned above)
+    return Episodes(order, ep[starts], starts, lengths, new_episode, fr, presorted=False)
 
 
 def _sorted_and_consecutive(step_ep: np.ndarray, step_fr: np.ndarray) -> bool:

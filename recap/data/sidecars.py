@@ -197,8 +197,7 @@ def advantages_files(
     The record file is read now and rewritten with this tag's entry; other tags are kept.
     """
     check_tag(tag)
-    if table.schema != C.ADVANTAGES_SCHEMA:
-        raise DatasetError(f"advantages table schema {table.schema} != {C.ADVANTAGES_SCHEMA}")
+    check_schema(table, C.ADVANTAGES_SCHEMA)
     config = merge_tag_record(read_mixture_config(root), tag, record)
     return {
         sidecar_path(root, ADVANTAGES, tag): table_writer(table),

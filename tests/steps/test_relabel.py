@@ -66,7 +66,8 @@ def _frames(entry, correction=None):
 
 
 def _fresh(entries, q, scope, correction=None):
-    """What Step 3 would label: all datasets together, sft forced positive."""
+    """What Step 3 would label and write: all datasets together, sft forced positive (as on
+    disk: dataset_name a plain string column)."""
     loaded = [_frames(e, correction if e["type"] == "rollout" else None) for e in entries]
     tables = [t for t, _ in loaded]
     if correction:
@@ -80,6 +81,7 @@ def _fresh(entries, q, scope, correction=None):
     rng = ReturnRange.union([r for _, r in loaded])
     out = add_advantages(pa.concat_tables(tables), return_range=rng, lookahead=3, labels=options)
     names = out.column(C.DATASET_NAME).to_numpy(zero_copy_only=False)
+    out = out.cast(C.ADVANTAGES_SCHEMA.with_metadata(out.schema.metadata))
     return {n: out.filter(pa.array(names == n)) for n in np.unique(names)}
 
 
@@ -272,7 +274,8 @@ def test_record_file_keeps_other_tags(tmp_path):
     assert (config["global_return_min"], config["global_return_max"]) == (-2.0, 0.0)
     assert config["datasets"] == [{"name": "d"}]
     back, record = read_advantages(tmp_path, "")
-    assert back.equals(table) and labeling_of(back) == labeling_of(table)
+    on_disk = table.cast(C.ADVANTAGES_SCHEMA.with_metadata(table.schema.metadata))  # plain strings
+    assert back.equals(on_disk) and labeling_of(back) == labeling_of(table)
     assert record == labeling_of(table) | {"datasets": [{"name": "d"}]}
     assert read_advantages(tmp_path, "b")[1] == {"unified_threshold": 0.5, "positive_quantile": 0.4}
     assert sorted(p.name for p in (tmp_path / "meta").iterdir()) == [
