@@ -9,7 +9,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export MLFLOW_TRACKING_URI ?= sqlite:///mlflow.db
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test test-slow lint bench clean
 
 $(STAMP): setup.py constraints-cpu.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,6 +27,9 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q tests
 
+test-slow: $(STAMP)
+	RECAP_SLOW=1 $(PY) -m pytest -q -s -m slow tests/slow
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check recap scripts tests bench
 	$(VENV)/bin/ruff format --check recap scripts tests bench
@@ -38,6 +41,7 @@ bench: $(STAMP)
 	$(PY) bench/engine.py
 	$(PY) bench/value_layers.py
 	$(PY) bench/policy_sampling.py
+	$(PY) bench/value_data.py
 
 clean:
 	rm -rf $(VENV) $(DEMO_DATA) mlflow.db mlruns runs .pytest_cache

@@ -84,7 +84,7 @@ class LocalDataset:
     """A LeRobot dataset directory, read lazily; ``close()`` (or ``with``) frees video decoders."""
 
     def __init__(self, root: str | os.PathLike):
-        self.root = Path(root).expanduser().resolve()
+        self.root = Path(root).expanduser().absolute()  # as given: errors name the user's path
         info_path = self.root / "meta" / "info.json"
         if not info_path.is_file():
             raise DatasetError(

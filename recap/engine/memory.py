@@ -1,0 +1,355 @@
+"""Per-rank memory plan of a ZeRO-3 run: model states, activations and a verdict.
+
+Model states (bytes per parameter, partitioned over ``ranks``): bf16 parameters 2 (every
+parameter), bf16 gradients 2 and fp32 master weights + Adam m, v 12 (trainable parameters
+only), plus the largest layer gathered whole (4 bytes/param: its bf16 weights and gradients).
+DeepSpeed's own estimator (``estimate_zero3_model_states_mem_needs``: 18 bytes/param for every
+parameter + 4 x largest layer) is reported beside it; the verdict uses the larger of the two.
+
+Activations are the bytes autograd keeps for backward (``saved_tensors_hooks``; parameters
+excluded), measured on CPU at batch 1 with the real widths and sequence lengths but depth 1/2 per
+stack (vocabulary cut to 1024: the embedding's output does not depend on it), extrapolated
+linearly to the real depths and multiplied by the micro batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import math
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from recap.errors import RecapError
+
+GIB = float(2**30)
+BYTES_PARAM = 2  # bf16 weights
+BYTES_GRAD = 2  # bf16 gradients
+BYTES_OPTIM = 12  # fp32 master + Adam m + v
+GATHER_BYTES = 4  # largest layer gathered: bf16 weights + gradients
+MEASURE_VOCAB = 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamCounts:
+    """Parameter counts: all, trainable, and the largest single module (its own tensors)."""
+
+    total: int
+    trainable: int
+    largest_layer: int
+
+    @property
+    def frozen(self) -> int:
+        return self.total - self.trainable
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelStates:
+    """Per-rank GiB of each ZeRO-3 model state; ``deepspeed`` is DeepSpeed's estimate."""
+
+    params: float
+    grads: float
+    optimizer: float
+    gathered: float
+    deepspeed: float
+
+    @property
+    def total(self) -> float:
+        return self.params + self.grads + self.optimizer + self.gathered
+
+    @property
+    def planned(self) -> float:
+        """What the verdict uses: the larger of this breakdown and DeepSpeed's estimate."""
+        return max(self.total, self.deepspeed)
+
+
+@dataclasses.dataclass(frozen=True)
+class Activations:
+    """GiB per sample kept for backward; ``checkpointed`` with gradient checkpointing (None when
+    the model has none); ``source`` says where the figure comes from."""
+
+    per_sample: float
+    checkpointed: float | None
+    source: str
+
+
+def build_on_meta(model_fn: Callable[[], nn.Module]) -> nn.Module:
+    """``model_fn()`` built on the meta device (shapes only, no memory)."""
+    with torch.device("meta"):
+        return model_fn()
+
+
+def count_parameters(model: nn.Module) -> ParamCounts:
+    """Counts of ``model`` (ZeRO-3 ``ds_numel`` when partitioned)."""
+    sizes = [(getattr(p, "ds_numel", p.numel()), p.requires_grad) for p in model.parameters()]
+    largest = max(
+        (sum(getattr(p, "ds_numel", p.numel()) for p in m.parameters(recurse=False))
+         for m in model.modules()),
+        default=0,
+    )  # fmt: skip
+    return ParamCounts(
+        sum(n for n, _ in sizes), sum(n for n, trainable in sizes if trainable), largest
+    )
+
+
+def deepspeed_estimate_gib(counts: ParamCounts, ranks: int, offload_optimizer: bool) -> float:
+    """DeepSpeed's per-device ZeRO-3 model-state estimate in GiB (8 devices per node)."""
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+
+    per_node = min(ranks, 8)
+    _, device_bytes, _ = estimate_zero3_model_states_mem_needs(
+        counts.total, counts.largest_layer, num_gpus_per_node=per_node,
+        num_nodes=math.ceil(ranks / per_node), cpu_offload=offload_optimizer,
+        cpu_offload_params=False,
+    )  # fmt: skip
+    return device_bytes / GIB
+
+
+def zero3_model_states(
+    counts: ParamCounts, ranks: int, offload_optimizer: bool = False
+) -> ModelStates:
+    """Per-rank model states (module docstring); the optimizer is on the host when offloaded."""
+    if ranks < 1:
+        raise RecapError(f"plan_memory: ranks {ranks} must be >= 1")
+    optimizer = 0.0 if offload_optimizer else BYTES_OPTIM * counts.trainable / ranks / GIB
+    return ModelStates(
+        params=BYTES_PARAM * counts.total / ranks / GIB,
+        grads=BYTES_GRAD * counts.trainable / ranks / GIB,
+        optimizer=optimizer,
+        gathered=GATHER_BYTES * counts.largest_layer / GIB,
+        deepspeed=deepspeed_estimate_gib(counts, ranks, offload_optimizer),
+    )
+
+
+def extrapolate(base: float, slopes: dict[str, float], depths: dict[str, int]) -> float:
+    """Value at the real ``depths`` of a quantity measured at depth 1 everywhere (``base``)
+    growing by ``slopes[k]`` per extra layer of stack k: base + sum slope_k (depth_k - 1)."""
+    return base + sum(slopes[k] * (depths[k] - 1) for k in slopes)
+
+
+def max_micro_batch(device_gb: float, fixed_gb: float, per_sample_gb: float) -> int:
+    """Largest micro batch with fixed + micro x per_sample <= device (0 when none fits)."""
+    if per_sample_gb <= 0:
+        raise RecapError(f"plan_memory: activation per sample {per_sample_gb} GiB must be > 0")
+    return max(0, math.floor((device_gb - fixed_gb) / per_sample_gb))
+
+
+# ---- activation measurement (CPU, batch 1, real widths, depth 1/2) ---------------------------
+
+
+def depth_knobs(config) -> dict[str, int]:
+    """Real depth of each stack whose activations grow with its layer count."""
+    from recap.models.pi05 import Pi05Config
+    from recap.models.value import ValueModelConfig
+
+    if isinstance(config, Pi05Config):
+        return {"vision": config.vision["num_hidden_layers"],
+                "decoder": config.text["num_hidden_layers"]}  # fmt: skip
+    if isinstance(config, ValueModelConfig):
+        knobs = {"vision": config.vision["num_hidden_layers"], "expert": config.expert_depth}
+        return knobs if config.truncate_backbone else knobs | {"text": _text_depth(config)}
+    raise RecapError(f"plan_memory: no activation measurement for {type(config).__name__}; "
+                     "pass --activation_gb_per_sample")  # fmt: skip
+
+
+def _text_depth(config) -> int:
+    from transformers import Gemma3TextConfig
+
+    return Gemma3TextConfig.from_dict(dict(config.text)).num_hidden_layers
+
+
+def _with_layers(sizes: dict, layers: int) -> dict:
+    out = {**sizes, "num_hidden_layers": layers}
+    if "layer_types" in out:
+        out["layer_types"] = list(out["layer_types"][:layers])
+    return out
+
+
+def scaled_config(config, depths: dict[str, int]):
+    """``config`` with the given stack depths and a ``MEASURE_VOCAB`` vocabulary."""
+    from recap.models.pi05 import Pi05Config
+
+    vision = _with_layers(config.vision, depths["vision"])
+    if isinstance(config, Pi05Config):
+        text = _with_layers({**config.text, "vocab_size": MEASURE_VOCAB}, depths["decoder"])
+        expert = _with_layers(config.expert, depths["decoder"])
+        return dataclasses.replace(config, vision=vision, text=text, expert=expert)
+    text = {**config.text, "vocab_size": MEASURE_VOCAB}
+    if "text" in depths:
+        text = _with_layers(text, depths["text"])
+    return dataclasses.replace(config, vision=vision, text=text, expert_depth=depths["expert"])
+
+
+def build_scaled(config, dtype: torch.dtype = torch.bfloat16) -> nn.Module:
+    """A randomly initialized model of a (scaled) value or π0.5 config."""
+    from recap.models.pi05 import Pi05Config, build_pi05
+    from recap.models.value import build_value_model
+
+    builder = build_pi05 if isinstance(config, Pi05Config) else build_value_model
+    return builder(config, dtype=dtype)
+
+
+def sample_batch(config, cameras: int, prompt_tokens: int, batch_size: int = 1) -> dict:
+    """A training batch of the model's keys: ``cameras`` valid images, a full prompt."""
+    from recap.models.pi05 import Pi05Config
+
+    size = config.vision["image_size"]
+    batch = {
+        "images": torch.rand(batch_size, cameras, 3, size, size) * 2 - 1,
+        "image_masks": torch.ones(batch_size, cameras, dtype=torch.bool),
+        "input_ids": torch.randint(0, MEASURE_VOCAB, (batch_size, prompt_tokens)),
+        "attention_mask": torch.ones(batch_size, prompt_tokens, dtype=torch.bool),
+    }
+    if isinstance(config, Pi05Config):
+        batch["actions"] = torch.randn(batch_size, config.action_horizon, config.action_dim)
+    else:
+        batch["target"] = torch.full((batch_size,), -0.5)
+    return batch
+
+
+def saved_activation_bytes(model: nn.Module, batch: dict) -> int:
+    """Bytes of the distinct storages autograd saves for backward in one training forward
+    (parameters excluded)."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in params:
+            seen[storage.data_ptr()] = max(seen.get(storage.data_ptr(), 0), storage.nbytes())
+        return tensor
+
+    dtype = next(model.parameters()).dtype
+    batch = {k: v.to(dtype) if v.is_floating_point() else v for k, v in batch.items()}
+    model.train()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        loss, _ = model(batch)
+    del loss
+    return sum(seen.values())
+
+
+def _set_checkpointing(model: nn.Module, enabled: bool) -> bool:
+    """Switch the model's gradient checkpointing; False when it has none."""
+    inner = getattr(model, "paligemma_with_expert", None)
+    if inner is None or not hasattr(inner, "gradient_checkpointing"):
+        return False
+    inner.gradient_checkpointing = enabled
+    return True
+
+
+def _measure_depths(config, depths: dict[str, int], cameras: int, prompt_tokens: int) -> tuple:
+    """(bytes without, bytes with checkpointing or None) of one scaled model at batch 1."""
+    model = build_scaled(scaled_config(config, depths))
+    batch = sample_batch(config, cameras, prompt_tokens)
+    _set_checkpointing(model, False)
+    plain = saved_activation_bytes(model, batch)
+    ckpt = saved_activation_bytes(model, batch) if _set_checkpointing(model, True) else None
+    del model
+    gc.collect()
+    return plain, ckpt
+
+
+def measure_activations(config, cameras: int = 3, prompt_tokens: int = 200) -> Activations:
+    """Activations per sample at the real depths (module docstring). With checkpointing, one
+    layer's full activations (recomputed during backward) are added to the saved inputs."""
+    real = depth_knobs(config)
+    ones = {k: 1 for k in real}
+    base, base_ckpt = _measure_depths(config, ones, cameras, prompt_tokens)
+    slopes, ckpt_slopes = {}, {}
+    for knob in real:
+        plain, ckpt = _measure_depths(config, ones | {knob: 2}, cameras, prompt_tokens)
+        slopes[knob] = plain - base
+        ckpt_slopes[knob] = None if ckpt is None else ckpt - base_ckpt
+    per_sample = extrapolate(base, slopes, real) / GIB
+    checkpointed = None
+    if base_ckpt is not None:
+        ckpt_bytes = extrapolate(base_ckpt, ckpt_slopes, real) + max(slopes.values())
+        checkpointed = ckpt_bytes / GIB
+    shape = ", ".join(f"{k} {real[k]} layers: {slopes[k] / 2**20:.1f} MiB/layer" for k in real)
+    source = (f"measured on CPU, batch 1, {cameras} cameras, {prompt_tokens} prompt tokens, "
+              f"bf16; base {base / 2**20:.1f} MiB; {shape}")  # fmt: skip
+    return Activations(per_sample, checkpointed, source)
+
+
+# ---- plan and verdict ------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Everything the verdict rests on, per rank, in GiB."""
+
+    counts: ParamCounts
+    ranks: int
+    device_gb: float
+    micro_batch: int
+    states: ModelStates
+    activations: Activations
+    checkpointing: bool = False
+    offload_optimizer: bool = False
+    reserve_gb: float = 4.0
+
+    @property
+    def per_sample_gb(self) -> float:
+        ckpt = self.activations.checkpointed
+        return ckpt if self.checkpointing and ckpt is not None else self.activations.per_sample
+
+    @property
+    def activation_gb(self) -> float:
+        return self.per_sample_gb * self.micro_batch
+
+    @property
+    def total_gb(self) -> float:
+        return self.states.planned + self.activation_gb + self.reserve_gb
+
+    @property
+    def fits(self) -> bool:
+        return self.total_gb <= self.device_gb
+
+
+def verdict(plan: Plan) -> str:
+    """One line: fits / does not fit, and what to change."""
+    fixed = plan.states.planned + plan.reserve_gb
+    best = max_micro_batch(plan.device_gb, fixed, plan.per_sample_gb)
+    head = f"{plan.total_gb:.1f} GiB of {plan.device_gb:g} GiB per rank at micro batch "
+    if plan.fits:
+        return f"FITS: {head}{plan.micro_batch} (largest micro batch that fits: {best})"
+    fixes = []
+    if fixed > plan.device_gb and not plan.offload_optimizer:
+        off = zero3_model_states(plan.counts, plan.ranks, offload_optimizer=True).planned
+        fixes.append(f"offload the optimizer (deepspeed_config.offload_optimizer = True: model "
+                     f"states {off:.1f} GiB) or use more ranks")  # fmt: skip
+    ckpt = plan.activations.checkpointed
+    if ckpt is not None and not plan.checkpointing:
+        fits_ckpt = max_micro_batch(plan.device_gb, fixed, ckpt)
+        fixes.append(f"gradient checkpointing (pi05_policy.gradient_checkpointing = True: "
+                     f"{ckpt * plan.micro_batch:.1f} GiB activations, up to micro "
+                     f"{fits_ckpt})")  # fmt: skip
+    if best >= 1:
+        fixes.append(f"micro batch {best} (deepspeed_config.micro_batch_size; accumulation "
+                     "keeps the global batch)")  # fmt: skip
+    change = "; or ".join(fixes or ["use more ranks"])
+    return f"DOES NOT FIT: {head}{plan.micro_batch}; change: {change}"
+
+
+def format_plan(plan: Plan) -> list[str]:
+    """The report's lines (GiB per rank), ending with the verdict."""
+    c, s, a = plan.counts, plan.states, plan.activations
+    ckpt = "n/a (model has none)" if a.checkpointed is None else f"{a.checkpointed:.3f} GiB"
+    return [
+        f"parameters: {c.total:,} total, {c.trainable:,} trainable, {c.frozen:,} frozen; "
+        f"largest layer {c.largest_layer:,}",
+        f"ZeRO-3 over {plan.ranks} ranks (per rank): bf16 params {s.params:.2f} + bf16 grads "
+        f"{s.grads:.2f} + fp32 master/Adam {s.optimizer:.2f}"
+        f"{' (offloaded)' if plan.offload_optimizer else ''} + largest layer gathered "
+        f"{s.gathered:.2f} = {s.total:.2f} GiB; DeepSpeed estimator {s.deepspeed:.2f} GiB",
+        f"activations per sample: {a.per_sample:.3f} GiB; with gradient checkpointing {ckpt} "
+        f"({a.source})",
+        f"activations at micro batch {plan.micro_batch}"
+        f"{' (checkpointed)' if plan.checkpointing else ''}: {plan.activation_gb:.2f} GiB; "
+        f"reserve (buffers, fragmentation) {plan.reserve_gb:.1f} GiB",
+        f"total {plan.total_gb:.2f} GiB = model states {s.planned:.2f} + activations "
+        f"{plan.activation_gb:.2f} + reserve {plan.reserve_gb:.1f}",
+        verdict(plan),
+    ]
