@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import random
 import warnings
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -127,6 +128,22 @@ def memory_stats() -> dict[str, float]:
         }
     except Exception:
         return {}
+
+
+def free_memory_gib() -> float | None:
+    """Free memory of this process's device in GiB (host memory on CPU); None if unknown."""
+    try:
+        if is_cpu():
+            for line in Path("/proc/meminfo").read_text().splitlines():
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) / 2**20
+            return None
+        acc = get()
+        if hasattr(acc, "available_memory"):
+            return acc.available_memory() / 2**30
+        return (acc.total_memory() - acc.memory_reserved()) / 2**30
+    except Exception:
+        return None
 
 
 def disable_cpu_shm_comm() -> None:
