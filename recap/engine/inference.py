@@ -1,11 +1,14 @@
 """Batched no-grad inference over a dataset sharded across ranks, merged on rank 0 in order.
 
-Rank ``r`` of ``W`` takes dataset positions ``r, r + W, r + 2W, ...``, padded to the same count
-``ceil(n / W)`` on every rank (padding repeats a real item; ZeRO-3 needs every rank to run the
-same number of forward passes). Stacking the ranks' rows ``[W, L]`` and reading them position-major
-gives dataset order, and the padded rows land at positions ``>= n``, which are cut: each item is
-computed once and appears once. Also here: loading an exported ``model.safetensors`` without
-DeepSpeed.
+Batches are fixed in dataset order whatever the world size: batch ``k`` holds positions
+``kB .. kB + B - 1`` (past the end, the last item repeats). Rank ``r`` of ``W`` takes the
+contiguous run of batches ``rP .. rP + P - 1`` with ``P = ceil(ceil(n / B) / W)``, so every rank
+runs the same number of forward passes (ZeRO-3 needs that), reads its frames front to back (video
+decoders run forward, no seeks), and every item sees the same batch on 1 or W ranks (identical
+numerics). Stacking the ranks' rows ``[W, P B]`` rank-major gives dataset order; the padded rows
+land at positions ``>= n`` and are cut: each item is computed once and appears once. With
+``num_workers`` DataLoader workers each worker decodes its own contiguous run of the rank's
+batches. Also here: loading an exported ``model.safetensors`` without DeepSpeed.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -25,17 +28,19 @@ from recap.errors import RecapError
 TIED_KEY = "recap_tied"
 
 
-def shard_positions(num_items: int, rank: int, world: int) -> list[int]:
-    """Dataset indices rank ``rank`` computes: strided, padded to ``ceil(n / world)`` entries."""
-    count = math.ceil(num_items / world)
-    return [min(j * world + rank, num_items - 1) for j in range(count)]
+def shard_positions(num_items: int, rank: int, world: int, batch_size: int = 1) -> list[int]:
+    """Dataset indices rank ``rank`` computes: a contiguous block of whole batches of the fixed
+    batch grid, ``P * batch_size`` entries on every rank (positions past the end repeat the last
+    item)."""
+    per_rank = math.ceil(math.ceil(num_items / batch_size) / world) * batch_size
+    start = rank * per_rank
+    return [min(p, num_items - 1) for p in range(start, start + per_rank)]
 
 
 def merge_shards(stacked: torch.Tensor, num_items: int) -> torch.Tensor:
     """``[world, L, ...]`` rank-major rows -> ``[num_items, ...]`` in dataset order."""
     world, count = stacked.shape[:2]
-    ordered = stacked.transpose(0, 1).reshape(world * count, *stacked.shape[2:])
-    return ordered[:num_items]
+    return stacked.reshape(world * count, *stacked.shape[2:])[:num_items]
 
 
 def loss_and_metrics(model: Callable, batch: Mapping[str, Any]) -> dict[str, torch.Tensor]:
@@ -48,18 +53,72 @@ def _collate(dataset: Any) -> Callable:
     return getattr(dataset, "collate", None) or torch.utils.data.default_collate
 
 
-def _local_outputs(model, dataset, batch_size: int, fn: Callable) -> dict[str, torch.Tensor]:
-    positions = shard_positions(len(dataset), distributed.rank(), distributed.world_size())
-    collate, device = _collate(dataset), accelerator.device()
-    chunks: dict[str, list[torch.Tensor]] = {}
-    fetch = getattr(dataset, "__getitems__", None)  # a whole batch at once (torch's protocol)
-    for start in range(0, len(positions), batch_size):
-        chunk = positions[start : start + batch_size]
-        items = fetch(chunk) if fetch is not None else [dataset[i] for i in chunk]
-        outputs = fn(model, accelerator.to_device(collate(items), device))
-        for key, value in outputs.items():
-            chunks.setdefault(key, []).append(value.detach().cpu())
-    return {key: torch.cat(values) for key, values in chunks.items()}
+def fetch_batch(dataset: Any, indices: list[int]) -> Any:
+    """One collated batch: ``dataset.__getitems__`` (a whole batch at once) when it has one."""
+    fetch = getattr(dataset, "__getitems__", None)
+    items = fetch(indices) if fetch is not None else [dataset[i] for i in indices]
+    return _collate(dataset)(items)
+
+
+class _BatchFetcher(torch.utils.data.Dataset):
+    """DataLoader view of ``dataset`` whose ``__getitems__`` returns a collated batch (``None``
+    for the empty batches that keep the workers' turns aligned)."""
+
+    def __init__(self, dataset: Any):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitems__(self, indices: list[int]) -> Any:
+        return fetch_batch(self.dataset, list(indices)) if len(indices) else None
+
+
+def _unwrap(batch: Any) -> Any:
+    return batch
+
+
+def worker_order(num_batches: int, num_workers: int) -> list[int | None]:
+    """Batch ids in the order a DataLoader must receive them so that worker ``w`` (which gets
+    every ``num_workers``-th batch) walks its own contiguous run of batches; ``None`` is an
+    empty turn of a worker whose run is used up."""
+    bounds = [num_batches * w // num_workers for w in range(num_workers + 1)]
+    runs = [list(range(a, b)) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    longest = max(len(r) for r in runs)
+    return [run[j] if j < len(run) else None for j in range(longest) for run in runs]
+
+
+def _batches(dataset: Any, batches: list[list[int]], num_workers: int) -> Iterator[tuple]:
+    """``(batch id, collated batch)`` for every batch, in the main process or in workers."""
+    if num_workers <= 0:
+        for k, indices in enumerate(batches):
+            yield k, fetch_batch(dataset, indices)
+        return
+    order = worker_order(len(batches), num_workers)
+    loader = torch.utils.data.DataLoader(
+        _BatchFetcher(dataset),
+        batch_sampler=[[] if k is None else batches[k] for k in order],
+        collate_fn=_unwrap,
+        num_workers=num_workers,
+        multiprocessing_context="forkserver",
+    )
+    for k, batch in zip(order, loader, strict=True):
+        if k is not None:
+            yield k, batch
+
+
+def _local_outputs(
+    model, dataset, batch_size: int, fn: Callable, num_workers: int = 0
+) -> dict[str, torch.Tensor]:
+    rank, world = distributed.rank(), distributed.world_size()
+    positions = shard_positions(len(dataset), rank, world, batch_size)
+    batches = [positions[s : s + batch_size] for s in range(0, len(positions), batch_size)]
+    device = accelerator.device()
+    results: list[dict[str, torch.Tensor]] = [{} for _ in batches]
+    for k, batch in _batches(dataset, batches, num_workers):
+        outputs = fn(model, accelerator.to_device(batch, device))
+        results[k] = {key: value.detach().cpu() for key, value in outputs.items()}
+    return {key: torch.cat([r[key] for r in results]) for key in results[0]}
 
 
 @torch.no_grad()
@@ -68,16 +127,19 @@ def predict(
     dataset: Any,
     batch_size: int,
     fn: Callable[[Callable, Mapping[str, Any]], dict[str, torch.Tensor]] = loss_and_metrics,
+    num_workers: int = 0,
 ) -> dict[str, torch.Tensor] | None:
     """``fn(model, batch)`` over every item; on rank 0 a dict of ``[len(dataset), ...]`` CPU
-    tensors in dataset order, ``None`` on other ranks. Call it on all ranks together."""
+    tensors in dataset order, ``None`` on other ranks. Call it on all ranks together.
+    ``num_workers`` > 0 fetches batches in DataLoader workers (forkserver), each decoding a
+    contiguous run of this rank's batches."""
     if len(dataset) == 0:
         raise RecapError("inference: the dataset is empty; check the eval dataset configuration")
     module = getattr(model, "module", model)
     was_training = module.training
     module.eval()
     try:
-        local = _local_outputs(model, dataset, batch_size, fn)
+        local = _local_outputs(model, dataset, batch_size, fn, num_workers)
     finally:
         module.train(was_training)
     merged = {

@@ -1,0 +1,292 @@
+"""Step 3 end to end on tiny demo data with a random-weight demo-size value model: one rank in
+this process, two ranks under the DeepSpeed launcher, relabeling, bad input."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import gin
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+import torch
+import yaml
+
+from recap.cli import parse_gin
+from recap.core import columns as C
+from recap.core.advantages import VALUE, LabelOptions, add_advantages, labeling_of
+from recap.core.normalize import ReturnRange
+from recap.data.datasets import ValueDataset
+from recap.data.sidecars import read_advantages, read_returns
+from recap.data.specs import parse_dataset_specs
+from recap.data.synthetic import write_demo_datasets, write_demo_tokenizer
+from recap.data.transforms import load_tokenizer
+from recap.engine.checkpointing import save_exported
+from recap.engine.inference import merge_shards, shard_positions, worker_order
+from recap.errors import RecapError
+from recap.models.value import value_model
+from recap.steps.compute_advantages import compute_advantages
+from recap.steps.compute_returns import compute_returns
+from recap.steps.relabel import relabel
+from tests.helpers import REPO, tree_hashes
+
+ENTRIES = [
+    {"name": "sft", "root": "sft", "type": "sft"},
+    {"name": "rollout", "root": "rollout", "type": "rollout"},
+]
+COMMON = {"lookahead": 5, "max_length": 16, "batch_size": 16}
+
+
+def _env(root: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env.update(
+        DS_ACCELERATOR="cpu",
+        MLFLOW_TRACKING_URI=f"sqlite:///{root / 'mlflow.db'}",
+        PYTHONWARNINGS="ignore",
+        OMP_NUM_THREADS="1",
+    )
+    return env
+
+
+def run_here(root: Path, **kwargs) -> str:
+    """compute_advantages on one rank in this process (MLflow off); returns its stdout."""
+    args = {
+        "datasets": ENTRIES,
+        "data_root": str(root),
+        "model_path": str(root / "pretrained"),
+        "tokenizer_path": str(root / "tokenizer"),
+        **COMMON,
+        **kwargs,
+    }
+    out = io.StringIO()
+    threads = torch.get_num_threads()
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out):
+        for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+            mp.delenv(key, raising=False)
+        mp.setenv("DS_ACCELERATOR", "cpu")
+        gin.clear_config()
+        gin.bind_parameter("Tracker.enabled", False)
+        torch.set_num_threads(1)  # as the launched ranks (OMP_NUM_THREADS=1)
+        try:
+            compute_advantages(**args)
+        finally:
+            torch.set_num_threads(threads)
+            gin.clear_config()
+            if torch.distributed.is_initialized():
+                torch.distributed.destroy_process_group()
+    return out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    """Demo datasets with returns, a random demo-size value model saved both ways, and the
+    one-rank run 'one' (per-dataset thresholds, nothing forced)."""
+    root = tmp_path_factory.mktemp("advantages")
+    write_demo_datasets(root, sft_episodes=4, rollout_episodes=6, eval_episodes=2)
+    write_demo_tokenizer(root)
+    gin.clear_config()
+    compute_returns(datasets=ENTRIES, data_root=str(root))
+    parse_gin(["demo/value.gin"], [])
+    torch.manual_seed(0)
+    model = value_model()
+    gin.clear_config()
+    model.save_pretrained(root / "pretrained")  # config.json + weights: load_value_model
+    save_exported(model.state_dict(), root / "run" / "model.safetensors", step=1)  # as training
+    stdout = run_here(
+        root,
+        tag="one",
+        scope="per_dataset",
+        force_sft_positive=False,
+        output_dir=str(root / "pics"),
+    )
+    return {"root": root, "model": model.eval(), "stdout": stdout}
+
+
+def _files(root: Path, tag: str) -> dict[str, bytes]:
+    return {
+        e["name"]: (root / e["root"] / "meta" / f"advantages_{tag}.parquet").read_bytes()
+        for e in ENTRIES
+    }
+
+
+def test_two_ranks_write_the_same_bytes_as_one_rank(demo):
+    root = demo["root"]
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    params = [
+        f'compute_advantages.data_root = "{root}"',
+        'compute_advantages.tag = "two"',
+        f'compute_advantages.model_path = "{root / "run"}"',  # exported + gin architecture
+        f'compute_advantages.tokenizer_path = "{root / "tokenizer"}"',
+        'compute_advantages.scope = "per_dataset"',
+        "compute_advantages.lookahead = 5",
+        "compute_advantages.force_sft_positive = False",
+        "compute_advantages.batch_size = 16",
+        f'compute_advantages.output_dir = "{root}/p2"',
+    ]
+    cmd = [
+        str(Path(sys.executable).with_name("deepspeed")),
+        "--num_gpus",
+        "2",
+        "--master_port",
+        str(port),
+        str(REPO / "scripts" / "compute_advantages.py"),
+        "--gin_file",
+        "demo/advantages.gin",
+        *[a for p in params for a in ("--gin_param", p)],
+    ]
+    done = subprocess.run(
+        cmd, cwd=root, env=_env(root), capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "on 2 ranks" in done.stdout
+    assert _files(root, "two") == _files(root, "one")
+    assert (root / "mlruns").is_dir() and (root / "p2" / "episode_curves.png").is_file()
+    config = yaml.safe_load((root / "rollout" / "meta" / "mixture_config.yaml").read_text())
+    assert config["tags"]["two"]["thresholds"] == config["tags"]["one"]["thresholds"]
+
+
+def test_sidecar_is_the_pure_functions_of_the_model_values(demo):
+    root, model = demo["root"], demo["model"]
+    specs = parse_dataset_specs(ENTRIES, root)
+    returns = [read_returns(s.root, "") for s in specs]
+    rng = ReturnRange.union([ReturnRange(r["return_min"], r["return_max"]) for _, r in returns])
+    data = ValueDataset(specs, "", rng, load_tokenizer(root / "tokenizer"), 64, 16)
+    with torch.no_grad():
+        direct = model.predict_value(data.__getitems__(list(range(len(data))))).double().numpy()
+    tables, sidecars = [], {}
+    for spec, (table, _) in zip(specs, returns, strict=True):
+        sidecars[spec.name], record = read_advantages(spec.root, "one")
+        value = sidecars[spec.name].column(C.VALUE_CURRENT)
+        table = table.append_column(VALUE, value).append_column(
+            C.DATASET_NAME, pa.array([spec.name] * len(table))
+        )
+        tables.append(table)
+    ordered = np.concatenate([sidecars[s.name].column(C.VALUE_CURRENT).to_numpy() for s in specs])
+    np.testing.assert_allclose(ordered, direct, rtol=0, atol=1e-5)  # demo rows are sorted
+    assert record["value_model"].endswith("model.safetensors") and record["lookahead"] == 5
+    expected = add_advantages(
+        pa.concat_tables(tables),
+        return_range=rng,
+        lookahead=5,
+        labels=LabelOptions(0.3, "per_dataset"),
+    )
+    expected = expected.cast(C.ADVANTAGES_SCHEMA.with_metadata(expected.schema.metadata))
+    for name, sidecar in sidecars.items():  # on disk dataset_name is a plain string column
+        part = expected.filter(pc.equal(expected.column(C.DATASET_NAME), name))
+        assert sidecar.equals(part)
+        assert labeling_of(sidecar) == labeling_of(expected)
+
+
+def test_positive_fraction_is_the_quantile_within_one_frame_per_group(demo):
+    for name, table in _tables(demo["root"], "one").items():
+        positives = int(np.count_nonzero(table.column(C.ADVANTAGE).to_numpy()))
+        assert abs(positives - 0.3 * table.num_rows) <= 1, name
+    match = re.search(
+        r"positives: (\d+\.\d)% of (\d+) frames; \d+% of positives from successful "
+        r"episodes \(success rate of the data \d+%\)",
+        demo["stdout"],
+    )
+    assert match and abs(float(match[1]) - 30.0) < 100 / int(match[2]) * 2
+    for name in ("advantage_histogram", "positive_rate_per_episode", "episode_curves"):
+        assert (demo["root"] / "pics" / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def _tables(root: Path, tag: str) -> dict[str, pa.Table]:
+    return {e["name"]: read_advantages(root / e["root"], tag)[0] for e in ENTRIES}
+
+
+def test_relabeling_needs_no_model_and_matches_a_fresh_run(demo):
+    root = demo["root"]
+    run_here(root, tag="q45", positive_quantile=0.45, scope="per_task", output_dir=str(root / "p"))
+    datasets = [{**e, "root": str(root / e["root"])} for e in ENTRIES]
+    relabel(
+        datasets=datasets,
+        source_tag="one",
+        new_tag="one_q45",
+        positive_quantile=0.45,
+        scope="per_task",
+    )
+    fresh, relabeled = _tables(root, "q45"), _tables(root, "one_q45")
+    for name in fresh:
+        assert relabeled[name].equals(fresh[name])
+        assert labeling_of(relabeled[name]) == labeling_of(fresh[name])
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"model_path": "empty"}, "no value-model weights"),
+        ({"returns_tag": "v9"}, r"returns sidecar for tag 'v9' not found \(tags found: ''\)"),
+        ({"positive_quantile": 1.5}, r"positive_quantile: 1\.5 is outside \(0, 1\)"),
+    ],
+)
+def test_bad_input_is_one_line_and_writes_nothing(demo, change, message):
+    root = demo["root"]
+    (root / "empty").mkdir(exist_ok=True)
+    if change.get("model_path"):
+        change = {"model_path": str(root / "empty")}
+    before = {e["name"]: tree_hashes(root / e["root"]) for e in ENTRIES}
+    with pytest.raises(RecapError, match=message) as info:
+        run_here(root, tag="bad", **change)
+    assert "\n" not in info.value.message
+    assert {e["name"]: tree_hashes(root / e["root"]) for e in ENTRIES} == before
+
+
+def test_the_script_exits_2_with_one_line(demo):
+    root = demo["root"]
+    params = [
+        'compute_advantages.tag = "bad"',
+        "compute_advantages.positive_quantile = 0",
+        f'compute_advantages.data_root = "{root}"',
+    ]
+    cmd = [
+        sys.executable,
+        str(REPO / "scripts" / "compute_advantages.py"),
+        "--gin_file",
+        "demo/advantages.gin",
+        *[a for p in params for a in ("--gin_param", p)],
+    ]
+    done = subprocess.run(cmd, cwd=root, env=_env(root), capture_output=True, text=True)
+    assert done.returncode == 2
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith(
+        "error: positive_quantile: 0 is outside (0, 1)"
+    )
+    assert not list(root.glob("*/meta/advantages_bad.parquet"))
+
+
+@pytest.mark.parametrize("num_items, batch", [(1, 4), (10, 4), (37, 5), (64, 16)])
+@pytest.mark.parametrize("world", [2, 3])
+def test_every_world_size_runs_the_same_batches_in_contiguous_blocks(num_items, batch, world):
+    """Step 3's values do not depend on the world size: the batch grid is fixed."""
+    one = shard_positions(num_items, 0, 1, batch)
+    shards = [shard_positions(num_items, r, world, batch) for r in range(world)]
+    assert len({len(s) for s in shards}) == 1
+    assert all(s == sorted(s) for s in shards)  # contiguous, front to back
+    grid = [s[i : i + batch] for s in shards for i in range(0, len(s), batch)]
+    assert grid[: len(one) // batch] == [one[i : i + batch] for i in range(0, len(one), batch)]
+    assert merge_shards(torch.tensor(shards), num_items).tolist() == list(range(num_items))
+
+
+def test_workers_walk_contiguous_runs_of_batches():
+    order = worker_order(5, 2)  # worker w gets turns w, w + 2, ...
+    assert order == [0, 2, 1, 3, None, 4]
+    assert [order[w::2] for w in range(2)] == [[0, 1, None], [2, 3, 4]]
+    assert worker_order(1, 3) == [None, None, 0]
+
+
+@pytest.mark.parametrize("name", ["advantages.gin", "demo/advantages.gin", "demo/relabel.gin"])
+def test_gin_files_parse(name):
+    gin.clear_config()
+    parse_gin([name], [])
+    gin.clear_config()
