@@ -23,6 +23,9 @@ demo: $(STAMP)
 	$(PY) scripts/compute_returns.py --gin_file demo/returns.gin
 	$(VENV)/bin/deepspeed --num_gpus 2 --master_port 29531 scripts/train.py \
 	    --gin_file demo/value.gin
+	$(VENV)/bin/deepspeed --num_gpus 2 --master_port 29532 scripts/compute_advantages.py \
+	    --gin_file demo/advantages.gin
+	$(PY) scripts/relabel.py --gin_file demo/relabel.gin
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests
@@ -42,6 +45,7 @@ bench: $(STAMP)
 	$(PY) bench/value_layers.py
 	$(PY) bench/policy_sampling.py
 	$(PY) bench/value_data.py
+	$(PY) bench/value_inference.py
 
 clean:
 	rm -rf $(VENV) $(DEMO_DATA) mlflow.db mlruns runs .pytest_cache
