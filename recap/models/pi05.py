@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import AutoModel, GemmaConfig, SiglipVisionConfig
 
+from recap.data.transforms import augment_color, augment_geometry
 from recap.errors import RecapError
 from recap.models.losses import flow_matching_loss
 from recap.models.pi05_layers import (
@@ -80,6 +81,7 @@ class Pi05Config:
     time_offset: float = 0.001
     attn_implementation: str = "sdpa"
     gradient_checkpointing: bool = False
+    augment_images: bool = True  # openpi augmentation of uint8 ``frames`` batches in training
 
     def vision_config(self) -> SiglipVisionConfig:
         config = SiglipVisionConfig.from_dict({**self.vision, "vision_use_head": False})
@@ -146,6 +148,7 @@ class Pi05Policy(nn.Module):
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """``(loss float32[B], metrics)``; ``noise`` float[B, H, A] and ``time`` float[B] are
         drawn (N(0, I); Beta(1.5, 1) * 0.999 + 0.001) unless given."""
+        batch = self.with_images(batch)
         actions = batch["actions"].float()
         noise = torch.randn_like(actions) if noise is None else noise.float()
         time = self.sample_time(actions.shape[0], actions.device) if time is None else time
@@ -171,6 +174,15 @@ class Pi05Policy(nn.Module):
         return draw * c.time_scale + c.time_offset
 
     # ---- embeddings ----------------------------------------------------------------------
+
+    def with_images(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``batch`` with ``images`` from uint8 ``frames`` [B, C, S, S, 3] when it has no
+        ``images`` (``frames_to_images``: augmented in training when ``augment_images``)."""
+        if "images" in batch or "frames" not in batch:
+            return batch
+        train = self.training and self.config.augment_images
+        dtype = self.action_in_proj.weight.dtype
+        return {**batch, "images": frames_to_images(batch["frames"], train).to(dtype)}
 
     def embed_images(
         self, images: torch.Tensor, image_masks: torch.Tensor
@@ -233,6 +245,7 @@ class Pi05Policy(nn.Module):
         """float32[B, H, A] normalized actions: Euler steps from ``noise`` (t = 1) to t = 0 with
         guided velocity v = v_u + beta (v_c - v_u). ``use_cache=False`` recomputes the prefix at
         every step (the reference the cache must equal)."""
+        batch = self.with_images(batch)
         images, masks = batch["images"], batch["image_masks"]
         n = images.shape[0]
         steps = num_steps or self.config.num_steps
@@ -281,6 +294,19 @@ class Pi05Policy(nn.Module):
         from recap.models.checkpoints import save_pi05
 
         save_pi05(self, directory, layout)
+
+
+def frames_to_images(frames: torch.Tensor, train: bool) -> torch.Tensor:
+    """uint8[B, C, S, S, 3] camera slots -> float32[B, C, 3, S, S] in [-1, 1] on the frames'
+    device; ``train``: openpi augmentation (crop + rotation on slot 0, the base camera; colour
+    jitter on every slot), as the value model does."""
+    batch, cams = frames.shape[:2]
+    unit = frames.flatten(0, 1).permute(0, 3, 1, 2).float() / 255.0
+    if train:
+        unit = unit.view(batch, cams, *unit.shape[1:])
+        base = augment_geometry(unit[:, 0])
+        unit = augment_color(torch.cat([base[:, None], unit[:, 1:]], dim=1).flatten(0, 1))
+    return (unit * 2.0 - 1.0).view(batch, cams, *unit.shape[1:])
 
 
 def guidance_prompts(batch: dict[str, torch.Tensor], beta: float) -> list[tuple]:

@@ -14,6 +14,7 @@ from pathlib import Path
 import gin
 
 import recap.data.datasets  # noqa: F401  (registers value_data with gin)
+import recap.data.policy_data  # noqa: F401  (registers policy_data and pi05_policy with gin)
 import recap.models.toy  # noqa: F401  (registers toy_model / toy_data with gin)
 import recap.models.value  # noqa: F401  (registers value_model with gin)
 from recap.engine import distributed

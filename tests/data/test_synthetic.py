@@ -404,4 +404,3 @@ def test_write_demo_datasets_and_script(tmp_path, capsys):
     assert [line.split(":")[0] for line in lines] == ["tokenizer", "sft", "rollout", "eval"]
     lines = lines[1:]
     assert "written" in lines[0] and "episodes=2" in lines[0] and "successes=2" in lines[0]
-
