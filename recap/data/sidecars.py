@@ -184,9 +184,18 @@ def merge_tag_record(config: dict, tag: str, record: dict) -> dict:
     return out
 
 
+class _PlainDumper(yaml.SafeDumper):
+    """Writes repeated objects out in full (no ``&id001`` anchors / ``*id001`` aliases), so the
+    record reads the same to any YAML reader, e.g. a shared ``datasets`` list."""
+
+    def ignore_aliases(self, data: object) -> bool:
+        return True
+
+
 def yaml_writer(obj: object) -> Callable[[Path], None]:
     """A writer for ``write_atomic`` that stores ``obj`` as block-style YAML."""
-    return lambda tmp: tmp.write_text(yaml.safe_dump(obj, sort_keys=False, allow_unicode=True))
+    text = yaml.dump(obj, Dumper=_PlainDumper, sort_keys=False, allow_unicode=True)
+    return lambda tmp: tmp.write_text(text)
 
 
 def advantages_files(

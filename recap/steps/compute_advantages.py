@@ -61,7 +61,7 @@ from recap.engine.inference import load_exported, predict, shard_positions
 from recap.engine.tracking import RUN_FILE, Tracker
 from recap.errors import RecapError
 from recap.models.value import CONFIG_FILE, WEIGHTS_FILE, ValueModel, load_value_model
-from recap.steps.relabel import _frame_columns
+from recap.steps.relabel import frame_columns
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -256,7 +256,7 @@ def advantage_input(
         by_row = pa.table({C.EPISODE_INDEX: keys[C.EPISODE_INDEX],
                            C.FRAME_INDEX: keys[C.FRAME_INDEX], VALUE: per_row})  # fmt: skip
         table = align_to_frames(sidecar, by_row, [VALUE], "value table")
-        flags = _frame_columns(source.spec, source.spec.correction_column or correction, False)
+        flags = frame_columns(source.spec, source.spec.correction_column or correction, False)
         if flags is not None:
             table = align_to_frames(table, flags, [IS_CORRECTION], "dataset frames")
         name = pa.DictionaryArray.from_arrays(

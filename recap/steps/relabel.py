@@ -61,7 +61,7 @@ def load_source(
         finite_column(table, C.ADVANTAGE_CONTINUOUS, frame_layout(table, spec.name, sort=False))
     except RecapError as exc:
         raise DatasetError(located(path, str(exc))) from exc
-    frames = _frame_columns(spec, correction if with_corrections else None, with_tasks)
+    frames = frame_columns(spec, correction if with_corrections else None, with_tasks)
     if frames is not None:
         try:
             table = align_to_frames(table, frames, frames.column_names[2:], "dataset frames")
@@ -73,7 +73,7 @@ def load_source(
     return table, record
 
 
-def _frame_columns(spec: DatasetSpec, correction: str | None, with_tasks: bool) -> pa.Table | None:
+def frame_columns(spec: DatasetSpec, correction: str | None, with_tasks: bool) -> pa.Table | None:
     """episode_index, frame_index, then ``prompt`` and/or ``is_correction``; None if not needed."""
     if correction is None and not with_tasks:
         return None

@@ -88,3 +88,11 @@ def test_corrupt_sidecar(tmp_path):
 def test_bad_tags(tag):
     with pytest.raises(DatasetError, match="becomes part of a file name"):
         sidecars.check_tag(tag)
+
+
+def test_yaml_record_has_no_aliases(tmp_path):
+    shared = [{"name": "a"}]
+    path = tmp_path / "mixture_config.yaml"
+    sidecars.yaml_writer({"datasets": shared, "tags": {"t": {"datasets": shared}}})(path)
+    text = path.read_text()
+    assert "&id" not in text and "*id" not in text and text.count("name: a") == 2
