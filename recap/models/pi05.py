@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import AutoModel, GemmaConfig, SiglipVisionConfig
 
-from recap.data.transforms import augment_color, augment_geometry
+from recap.data.transforms import frames_to_images
 from recap.errors import RecapError
 from recap.models.losses import flow_matching_loss
 from recap.models.pi05_layers import (
@@ -294,19 +294,6 @@ class Pi05Policy(nn.Module):
         from recap.models.checkpoints import save_pi05
 
         save_pi05(self, directory, layout)
-
-
-def frames_to_images(frames: torch.Tensor, train: bool) -> torch.Tensor:
-    """uint8[B, C, S, S, 3] camera slots -> float32[B, C, 3, S, S] in [-1, 1] on the frames'
-    device; ``train``: openpi augmentation (crop + rotation on slot 0, the base camera; colour
-    jitter on every slot), as the value model does."""
-    batch, cams = frames.shape[:2]
-    unit = frames.flatten(0, 1).permute(0, 3, 1, 2).float() / 255.0
-    if train:
-        unit = unit.view(batch, cams, *unit.shape[1:])
-        base = augment_geometry(unit[:, 0])
-        unit = augment_color(torch.cat([base[:, None], unit[:, 1:]], dim=1).flatten(0, 1))
-    return (unit * 2.0 - 1.0).view(batch, cams, *unit.shape[1:])
 
 
 def guidance_prompts(batch: dict[str, torch.Tensor], beta: float) -> list[tuple]:

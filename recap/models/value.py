@@ -32,7 +32,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import AutoModel, Gemma3TextConfig, SiglipVisionConfig
 
-from recap.data.transforms import augment_color, augment_geometry
+from recap.data.transforms import frames_to_images
 from recap.errors import RecapError
 from recap.models import layers
 from recap.models.losses import categorical_value_loss, expected_value
@@ -149,7 +149,7 @@ class ValueModel(nn.Module):
 
     def logits(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """float[B, num_bins] value logits of a batch (keys in the module docstring)."""
-        images = batch["images"] if "images" in batch else self.frames_to_images(batch["frames"])
+        images = batch["images"] if "images" in batch else self.images_from(batch["frames"])
         embeds, valid = self.embed_prefix(
             images, batch["image_masks"], batch["input_ids"], batch["attention_mask"]
         )
@@ -171,19 +171,11 @@ class ValueModel(nn.Module):
         hidden = self.expert(token, kvs, valid, [ropes[t] for t in types])
         return self.head["proj"](hidden)
 
-    def frames_to_images(self, frames: torch.Tensor) -> torch.Tensor:
-        """uint8[B, C, S, S, 3] camera slots -> float[B, C, 3, S, S] in [-1, 1], on the frames'
-        device; augmented in training (SPEC: crop + rotation on slot 0, the base camera, and
-        colour jitter on all; slots 1-2 are the wrist cameras)."""
-        batch, cams = frames.shape[:2]
-        unit = frames.flatten(0, 1).permute(0, 3, 1, 2).float() / 255.0
-        if self.training:
-            unit = unit.view(batch, cams, *unit.shape[1:])
-            base = augment_geometry(unit[:, 0])
-            unit = torch.cat([base[:, None], unit[:, 1:]], dim=1).flatten(0, 1)
-            unit = augment_color(unit)
+    def images_from(self, frames: torch.Tensor) -> torch.Tensor:
+        """uint8[B, C, S, S, 3] camera slots -> the vision tower's float images in [-1, 1],
+        augmented in training (``transforms.frames_to_images``)."""
         dtype = next(self.vision_tower.parameters()).dtype
-        return (unit * 2.0 - 1.0).view(batch, cams, *unit.shape[1:]).to(dtype)
+        return frames_to_images(frames, self.training).to(dtype)
 
     def embed_prefix(
         self,
