@@ -33,8 +33,7 @@ from recap.data.specs import DatasetSpec, parse_dataset_specs
 from recap.data.transforms import (
     build_prompt,
     load_tokenizer,
-    resize_with_pad,
-    to_unit_images,
+    resize_frames,
     tokenize_prompts,
 )
 from recap.errors import DatasetError, RecapError, located
@@ -139,7 +138,7 @@ class ValueDataset(Dataset):
             source = self.sources[s]
             batch = source.frames.__getitems__(rows[sel])
             for slot, camera in enumerate(source.frames.key_map.cameras):
-                frames[sel, slot] = self._resize(batch["images"][camera])
+                frames[sel, slot] = resize_frames(batch["images"][camera], self.image_size)
                 masks[sel, slot] = True
             target[sel] = source.target[rows[sel]]
             code[sel] = source.prompt_code[rows[sel]]
@@ -158,13 +157,6 @@ class ValueDataset(Dataset):
         return {k: v[0] for k, v in self.__getitems__([index]).items()}
 
     collate = staticmethod(pass_through)  # __getitems__ already returns a batch
-
-    def _resize(self, images: torch.Tensor) -> torch.Tensor:
-        """uint8[N, H, W, 3] -> uint8[N, S, S, 3] (resize with padding; no-op at size S)."""
-        if images.shape[1:3] == (self.image_size, self.image_size):
-            return images
-        unit = resize_with_pad(to_unit_images(images), self.image_size)
-        return (unit * 255.0).round().to(torch.uint8).permute(0, 2, 3, 1)
 
     def episode_keys(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per virtual item: (dataset index, episode_index, frame_index), for pictures."""

@@ -46,7 +46,7 @@ from recap.data.datasets import MIXING, NUM_SLOTS, _virtual_index
 from recap.data.lerobot import KeyMap
 from recap.data.loader import FrameDataset, pass_through
 from recap.data.specs import DatasetSpec, parse_dataset_specs
-from recap.data.transforms import load_tokenizer, resize_with_pad, to_unit_images
+from recap.data.transforms import load_tokenizer, resize_frames
 from recap.errors import DatasetError, RecapError, located
 
 NONE = "none"  # conditioning mode of the behaviour-cloning baseline
@@ -174,7 +174,7 @@ class PolicyDataset(Dataset):
             source = self.sources[s]
             batch = source.frames.__getitems__(rows[sel])
             for slot, camera in enumerate(source.frames.key_map.cameras):
-                frames[sel, slot] = self.resize(batch["images"][camera])
+                frames[sel, slot] = resize_frames(batch["images"][camera], self.image_size)
                 masks[sel, slot] = True
             chunk, dims = self.normalize(batch["action"], "action")
             actions[sel], action_mask[sel] = chunk, batch["action_mask"][..., None] & dims
@@ -221,14 +221,6 @@ class PolicyDataset(Dataset):
         for k, seq in enumerate(seqs):
             ids[k, : len(seq)], mask[k, : len(seq)] = torch.tensor(seq, dtype=torch.long), True
         return ids, mask
-
-    def resize(self, images: torch.Tensor) -> torch.Tensor:
-        """uint8[N, H, W, 3] -> uint8[N, S, S, 3] (resize with padding; no-op at size S)."""
-        images = torch.as_tensor(images)
-        if images.shape[1:3] == (self.image_size, self.image_size):
-            return images
-        unit = resize_with_pad(to_unit_images(images), self.image_size)
-        return (unit * 255.0).round().to(torch.uint8).permute(0, 2, 3, 1)
 
 
 @gin.configurable

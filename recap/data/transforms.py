@@ -104,6 +104,16 @@ def resize_with_pad(images: torch.Tensor, size: int = IMAGE_SIZE) -> torch.Tenso
     return F.pad(resized, (left, size - new_w - left, top, size - new_h - top), value=0.0)
 
 
+def resize_frames(images: torch.Tensor | np.ndarray, size: int) -> torch.Tensor:
+    """uint8[N, H, W, 3] -> uint8[N, size, size, 3]: ``resize_with_pad`` kept in uint8 (loaders
+    ship uint8; a no-op when the frames already have the model's size)."""
+    images = torch.as_tensor(images)
+    if images.shape[1:3] == (size, size):
+        return images
+    unit = resize_with_pad(to_unit_images(images), size)
+    return (unit * 255.0).round().to(torch.uint8).permute(0, 2, 3, 1)
+
+
 def _uniform(
     n: int, low: float, high: float, generator: torch.Generator | None, like: torch.Tensor
 ) -> torch.Tensor:

@@ -19,8 +19,8 @@ Optional hooks (called on rank 0 with the whole eval set, in dataset order):
 
 Parameters whose names match ``deepspeed_config.head_patterns`` (default ``"head.*"``: name the
 module ``head``) train at the head learning rate. Large backbones are built with transformers'
-``from_config`` / ``from_pretrained`` so ZeRO-3 partitions them at construction. Models never call
-``.cuda()``, ``torch.distributed`` or DeepSpeed: the engine places and shards them.
+``from_config`` / ``from_pretrained`` so ZeRO-3 partitions them at construction. Models never move
+themselves to a device, use ``torch.distributed`` or DeepSpeed: the engine places and shards them.
 
 Datasets: map-style (``__len__``, ``__getitem__`` -> dict of tensors); an optional
 ``collate(items)`` method replaces ``torch.utils.data.default_collate``.

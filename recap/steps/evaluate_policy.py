@@ -31,7 +31,7 @@ import recap.steps.train  # noqa: F401  (registers train, policy_data and pi05_p
 from recap.data.conditioning import normalize_quantile, unnormalize_quantile
 from recap.data.policy_data import NONE, PolicyDataset, policy_data
 from recap.data.synthetic import ReachConfig, evaluate_batch
-from recap.data.transforms import is_wrist
+from recap.data.transforms import is_wrist, resize_frames
 from recap.engine.inference import load_exported
 from recap.errors import RecapError
 from recap.models.pi05 import Pi05Policy, pi05_policy
@@ -62,7 +62,7 @@ class PolicyAdapter:
     def batch(self, obs: dict) -> dict[str, torch.Tensor]:
         """The model batch of ``synthetic.stack_observations`` output (no actions)."""
         cams = sorted(obs["images"], key=is_wrist)  # base camera first, then the wrist
-        frames = [self.data.resize(torch.from_numpy(obs["images"][c])) for c in cams]
+        frames = [resize_frames(obs["images"][c], self.data.image_size) for c in cams]
         n, size = frames[0].shape[0], self.data.image_size
         slots = torch.zeros(n, 3, size, size, 3, dtype=torch.uint8)
         masks = torch.zeros(n, 3, dtype=torch.bool)
