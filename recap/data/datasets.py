@@ -29,7 +29,7 @@ from recap.core.normalize import ReturnRange, normalize_returns
 from recap.data.lerobot import KeyMap
 from recap.data.loader import FrameDataset, pass_through
 from recap.data.sidecars import read_returns
-from recap.data.specs import DatasetSpec, parse_dataset_specs
+from recap.data.specs import DatasetSpec, split_specs
 from recap.data.transforms import (
     build_prompt,
     load_tokenizer,
@@ -217,15 +217,8 @@ def value_data(
         train.eval_data_fn = @eval/value_data
         eval/value_data.split = "eval"
     """
-    if split not in ("train", "eval"):
-        raise RecapError(f"value_data.split: {split!r}; use 'train' or 'eval'")
-    train_specs = parse_dataset_specs(datasets, data_root, "value_data.datasets")
+    train_specs, specs = split_specs("value_data", split, datasets, eval_datasets, data_root)
     return_range = training_return_range(train_specs, returns_tag)
-    specs = train_specs
-    if split == "eval":
-        if not eval_datasets:
-            raise RecapError("value_data.eval_datasets: empty; list the eval datasets in gin")
-        specs = parse_dataset_specs(eval_datasets, data_root, "value_data.eval_datasets")
     return ValueDataset(
         specs, returns_tag, return_range, load_tokenizer(tokenizer_path), image_size,
         max_length, mixing=mixing, seed=seed,

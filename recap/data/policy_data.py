@@ -43,9 +43,9 @@ from recap.data.conditioning import (
     quantile_stats,
 )
 from recap.data.datasets import MIXING, NUM_SLOTS, _virtual_index
-from recap.data.lerobot import KeyMap
+from recap.data.lerobot import KeyMap, LocalDataset, detect_key_map
 from recap.data.loader import FrameDataset, pass_through
-from recap.data.specs import DatasetSpec, parse_dataset_specs
+from recap.data.specs import DatasetSpec, split_specs
 from recap.data.transforms import load_tokenizer, resize_frames
 from recap.errors import DatasetError, RecapError, located
 
@@ -63,23 +63,33 @@ class _Source:
     labels: np.ndarray  # bool[rows] (all True when unconditioned)
 
 
-def merged_stats(frames: list[FrameDataset]) -> dict[str, QuantileStats]:
+def merged_stats(sources: list[tuple[LocalDataset, KeyMap]]) -> dict[str, QuantileStats]:
     """``{"state", "action"}`` quantiles over datasets: min of q01s, max of q99s per dim."""
     out = {}
     for name in ("state", "action"):
         parts = []
-        for f in frames:
-            key = f.key_map.state if name == "state" else f.key_map.action
-            parts.append(quantile_stats(f.dataset, [key])[key])
+        for dataset, key_map in sources:
+            key = key_map.state if name == "state" else key_map.action
+            parts.append(quantile_stats(dataset, [key])[key])
         dims = {len(p.q01) for p in parts}
         if len(dims) > 1:
-            roots = [str(f.dataset.root) for f in frames]
+            roots = [str(dataset.root) for dataset, _ in sources]
             raise DatasetError(f"{name}: datasets {roots} have {sorted(dims)} dims; mix only "
                                "datasets of one robot (same state/action size)")  # fmt: skip
         out[name] = QuantileStats(
             np.min([p.q01 for p in parts], 0), np.max([p.q99 for p in parts], 0)
         )
     return out
+
+
+def training_stats(specs: list[DatasetSpec]) -> dict[str, QuantileStats]:
+    """``merged_stats`` of the training datasets from their metadata (or state/action columns),
+    without building their frames, labels and prompts (what an eval split needs)."""
+    sources = []
+    for spec in specs:
+        dataset = LocalDataset(spec.root)
+        sources.append((dataset, detect_key_map(dataset.features, dataset.root)))
+    return merged_stats(sources)
 
 
 class PolicyDataset(Dataset):
@@ -125,7 +135,8 @@ class PolicyDataset(Dataset):
         self.conditioning = conditioning
         self.sources = [self._source(s, advantages_tag, (key_maps or {}).get(s.name),
                                      action_horizon) for s in specs]  # fmt: skip
-        self.stats = stats or merged_stats([s.frames for s in self.sources])
+        self.stats = stats or merged_stats([(s.frames.dataset, s.frames.key_map)
+                                            for s in self.sources])  # fmt: skip
         self.source_of, self.row_of = _virtual_index(
             [len(s.frames) for s in self.sources], [s.spec.weight for s in self.sources], mixing,
             seed,
@@ -243,17 +254,10 @@ def policy_data(
 ) -> PolicyDataset:
     """Gin builder of the policy's train (``split="train"``) or eval data; eval sets use the
     training datasets' normalization statistics. ``action_horizon`` must equal the model's."""
-    if split not in ("train", "eval"):
-        raise RecapError(f"policy_data.split: {split!r}; use 'train' or 'eval'")
-    specs = parse_dataset_specs(datasets, data_root, "policy_data.datasets")
+    train_specs, specs = split_specs("policy_data", split, datasets, eval_datasets, data_root)
     args = dict(tokenizer=load_tokenizer(tokenizer_path), image_size=image_size,
                 action_horizon=action_horizon, action_dim=action_dim, conditioning=conditioning,
                 dropout=dropout, state_in_prompt=state_in_prompt, max_length=max_length,
                 mixing=mixing, seed=seed)  # fmt: skip
-    train = PolicyDataset(specs, advantages_tag, **args)
-    if split == "train":
-        return train
-    if not eval_datasets:
-        raise RecapError("policy_data.eval_datasets: empty; list the eval datasets in gin")
-    eval_specs = parse_dataset_specs(eval_datasets, data_root, "policy_data.eval_datasets")
-    return PolicyDataset(eval_specs, advantages_tag, stats=train.stats, **args)
+    stats = None if split == "train" else training_stats(train_specs)  # not a whole train set
+    return PolicyDataset(specs, advantages_tag, stats=stats, **args)

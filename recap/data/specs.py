@@ -66,3 +66,22 @@ def parse_dataset_specs(
     if dupes:
         raise RecapError(f"{field}: dataset names {dupes} repeat; give each entry its own name")
     return specs
+
+
+def split_specs(
+    builder: str,
+    split: str,
+    datasets: list[dict],
+    eval_datasets: list[dict] | None,
+    data_root: str | os.PathLike = "",
+) -> tuple[list[DatasetSpec], list[DatasetSpec]]:
+    """``(training specs, the specs of `split`)`` for a data builder with train/eval splits;
+    eval sets are normalized with statistics of the training specs, so both are returned."""
+    if split not in ("train", "eval"):
+        raise RecapError(f"{builder}.split: {split!r}; use 'train' or 'eval'")
+    train = parse_dataset_specs(datasets, data_root, f"{builder}.datasets")
+    if split == "train":
+        return train, train
+    if not eval_datasets:
+        raise RecapError(f"{builder}.eval_datasets: empty; list the eval datasets in gin")
+    return train, parse_dataset_specs(eval_datasets, data_root, f"{builder}.eval_datasets")

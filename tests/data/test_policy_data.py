@@ -136,3 +136,22 @@ def test_actions_are_normalized_chunks_that_round_trip(data):
     assert inside[:, :2].mean() > 0.5
     assert batch["frames"].dtype == torch.uint8 and batch["frames"].shape == (2, 3, 32, 32, 3)
     assert batch["image_masks"].tolist() == [[True, True, False]] * 2
+
+
+def test_eval_split_uses_the_training_statistics(data):
+    from recap.data.policy_data import policy_data
+
+    kwargs = dict(
+        datasets=[{"name": "sft", "root": "sft", "type": "sft"},
+                  {"name": "rollout", "root": "rollout"}],
+        eval_datasets=[{"name": "eval", "root": "eval"}], data_root=str(data), advantages_tag=TAG,
+        tokenizer_path=str(data / "tokenizer"), image_size=32, action_horizon=H,
+        state_in_prompt=False, max_length=32,
+    )  # fmt: skip
+    train, held_out = policy_data(split="train", **kwargs), policy_data(split="eval", **kwargs)
+    assert [s.spec.name for s in held_out.sources] == ["eval"]
+    for name in ("state", "action"):
+        np.testing.assert_array_equal(held_out.stats[name].q01, train.stats[name].q01)
+        np.testing.assert_array_equal(held_out.stats[name].q99, train.stats[name].q99)
+    with pytest.raises(RecapError, match="policy_data.eval_datasets: empty"):
+        policy_data(split="eval", **{**kwargs, "eval_datasets": None})
