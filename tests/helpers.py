@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 from pathlib import Path
 
@@ -37,3 +38,17 @@ def tree_hashes(root: Path, exclude_prefix: tuple[str, ...] = ()) -> dict[str, s
         if p.is_file() and not rel.startswith(exclude_prefix):
             out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
     return out
+
+
+def launch_env(root: Path) -> dict[str, str]:
+    """Environment of a training/inference subprocess (plain or under the deepspeed launcher):
+    CPU accelerator, MLflow in ``root``, no inherited rank variables, one thread per process."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env.update(
+        DS_ACCELERATOR="cpu",
+        MLFLOW_TRACKING_URI=f"sqlite:///{root / 'mlflow.db'}",
+        PYTHONWARNINGS="ignore",
+        OMP_NUM_THREADS="1",
+        TOKENIZERS_PARALLELISM="false",
+    )
+    return env

@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import socket
 import subprocess
@@ -19,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers import REPO, launch_env
+
 PY = sys.executable
 DEEPSPEED = str(Path(sys.executable).with_name("deepspeed"))
 STEPS = 8
@@ -38,16 +38,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def run_env(tmp: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env.update(
-        DS_ACCELERATOR="cpu",
-        MLFLOW_TRACKING_URI=f"sqlite:///{tmp / 'mlflow.db'}",
-        PYTHONWARNINGS="ignore",
-        OMP_NUM_THREADS="1",
-        TOKENIZERS_PARALLELISM="false",
-    )
-    return env
+run_env = launch_env
 
 
 def run(cmd: list[str], cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import os
 import re
 import socket
 import subprocess
@@ -36,7 +35,7 @@ from recap.models.value import value_model
 from recap.steps.compute_advantages import compute_advantages
 from recap.steps.compute_returns import compute_returns
 from recap.steps.relabel import relabel
-from tests.helpers import REPO, tree_hashes
+from tests.helpers import REPO, launch_env, tree_hashes
 
 ENTRIES = [
     {"name": "sft", "root": "sft", "type": "sft"},
@@ -45,15 +44,7 @@ ENTRIES = [
 COMMON = {"lookahead": 5, "max_length": 16, "batch_size": 16}
 
 
-def _env(root: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env.update(
-        DS_ACCELERATOR="cpu",
-        MLFLOW_TRACKING_URI=f"sqlite:///{root / 'mlflow.db'}",
-        PYTHONWARNINGS="ignore",
-        OMP_NUM_THREADS="1",
-    )
-    return env
+_env = launch_env
 
 
 def run_here(root: Path, **kwargs) -> str:

@@ -6,7 +6,6 @@ closed-loop evaluation step."""
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -25,7 +24,7 @@ from recap.engine.inference import load_exported
 from recap.models.pi05 import frames_to_images, pi05_policy
 from recap.steps.evaluate_policy import PolicyAdapter, evaluate_policy
 from tests.data.test_policy_data import write_test_advantages
-from tests.helpers import REPO
+from tests.helpers import REPO, launch_env
 
 STEPS = 24
 DEEPSPEED = str(Path(sys.executable).with_name("deepspeed"))
@@ -54,9 +53,7 @@ def run(tmp_path_factory):
         f"train.save_every = {STEPS}",
         "train.num_workers = 0",
     ]
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env.update(DS_ACCELERATOR="cpu", MLFLOW_TRACKING_URI=f"sqlite:///{root / 'mlflow.db'}",
-               PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")  # fmt: skip
+    env = launch_env(root)
     cmd = [DEEPSPEED, "--num_gpus", "2", "--master_port", str(free_port()),
            str(REPO / "scripts" / "train.py"), "--gin_file", "demo/policy.gin"]  # fmt: skip
     for p in params:

@@ -2,7 +2,6 @@
 command `make demo` runs, one rank here), then reload the exported weights in this process."""
 
 import json
-import os
 import subprocess
 import sys
 
@@ -17,7 +16,7 @@ from recap.data.synthetic import write_demo_datasets, write_demo_tokenizer
 from recap.engine.inference import load_exported
 from recap.models.value import value_model
 from recap.steps.compute_returns import compute_returns
-from tests.helpers import REPO
+from tests.helpers import REPO, launch_env
 
 STEPS = 6
 
@@ -42,9 +41,7 @@ def run(tmp_path_factory):
         f"train.eval_every = {STEPS}",
         "train.save_every = 0",
     ]
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env.update(DS_ACCELERATOR="cpu", MLFLOW_TRACKING_URI=f"sqlite:///{root / 'mlflow.db'}",
-               PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")  # fmt: skip
+    env = launch_env(root)
     cmd = [sys.executable, str(REPO / "scripts" / "train.py"), "--gin_file", "demo/value.gin"]
     for p in params:
         cmd += ["--gin_param", p]
