@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from recap.core import columns as C
-from recap.core.episodes import Episodes, find_episodes
+from recap.core.episodes import Episodes, find_episodes, find_presorted
 from recap.core.normalize import (
     GLOBAL,
     MODES,
@@ -143,17 +143,24 @@ def n_step_advantages(
         ``A_t = (S_t - offset) / scale - V_t`` with ``S_t = G_t`` and ``value_next = 0``.
     """
     check_lookahead(lookahead, gamma)
+    n = episodes.num_frames
     tail, tail_remaining = _tail_rows(episodes, lookahead)  # rows with t + N >= T, and T - t
-    raw = _window_sums(episodes, lookahead, gamma, tail, tail_remaining, rewards, returns)
-    reward_sum = normalize_reward_sums(raw, scale)
+    buffer = arrow_empty(n + 1, np.float64)  # prefix sums first, then the normalized sums
+    raw = _window_sums(episodes, lookahead, gamma, tail, tail_remaining, rewards, returns, buffer)
+    reward_sum = normalize_reward_sums(raw, scale, out=buffer[:n])
     if np.ndim(offset) or offset != 0:  # past the end the remainder is a return: return map
         reward_sum[tail] = normalize_returns(raw[tail], _at(offset, tail), _at(scale, tail))
     discount = float(gamma) ** int(lookahead)
     value_next = _ahead(values, lookahead, tail)
-    bootstrap = value_next if discount == 1.0 else discount * value_next
-    advantage = np.add(reward_sum, bootstrap)
+    advantage = arrow_empty(n, np.float64)  # A = reward_sum + gamma^N value_next - value
+    if discount == 1.0:
+        np.add(reward_sum, value_next, out=advantage)
+    else:
+        np.multiply(value_next, discount, out=advantage)
+        advantage += reward_sum
     advantage -= values
-    num_valid = np.full(episodes.num_frames, lookahead, dtype=np.int64)
+    num_valid = arrow_empty(n, np.int64)
+    num_valid.fill(lookahead)
     num_valid[tail] = tail_remaining
     return NStep(advantage, reward_sum, raw, value_next, num_valid)
 
@@ -166,8 +173,11 @@ def _window_sums(
     tail_remaining: np.ndarray,
     rewards: np.ndarray | None,
     returns: np.ndarray | None,
+    scratch: np.ndarray | None = None,
 ) -> np.ndarray:
     """float64[n] ``S_t = sum_{k < min(N, T-t)} gamma^k r_{t+k}``.
+
+    ``scratch``: optional float64[n + 1] work space (overwritten) for the prefix sums.
 
     gamma 1 with rewards: prefix sums ``P``, ``S_t = P[t + min(N, T-t)] - P[t]`` (a shift, plus
     a gather on the tail rows; exact for integer-valued rewards, and otherwise as precise as the
@@ -176,10 +186,10 @@ def _window_sums(
     """
     if rewards is not None and gamma == 1.0:
         n = episodes.num_frames
-        prefix = np.empty(n + 1, dtype=np.float64)
+        prefix = arrow_empty(n + 1, np.float64) if scratch is None else scratch
         prefix[0] = 0.0
-        np.cumsum(rewards, out=prefix[1:])
-        raw = np.empty(n, dtype=np.float64)
+        np.cumsum(rewards, dtype=np.float64, out=prefix[1:])  # float32 rewards add in float64
+        raw = arrow_empty(n, np.float64)
         m = max(n + 1 - lookahead, 0)
         np.subtract(prefix[lookahead:], prefix[:m], out=raw[:m])
         raw[tail] = prefix[tail + tail_remaining] - prefix[tail]
@@ -208,7 +218,7 @@ def _tail_rows(episodes: Episodes, lookahead: int) -> tuple[np.ndarray, np.ndarr
 
 def _ahead(x: np.ndarray, k: int, tail: np.ndarray) -> np.ndarray:
     """float64[n] ``x[i + k]``, 0 on the ``tail`` rows (where ``i + k`` is past the episode)."""
-    out = np.empty(x.shape[0], dtype=np.float64)
+    out = arrow_empty(x.shape[0], np.float64)
     m = max(x.shape[0] - k, 0)
     out[:m] = x[k:]
     out[m:] = 0.0
@@ -218,6 +228,45 @@ def _ahead(x: np.ndarray, k: int, tail: np.ndarray) -> np.ndarray:
 
 def _at(x: np.ndarray | float, rows: np.ndarray) -> np.ndarray | float:
     return x[rows] if np.ndim(x) else x
+
+
+def _arrow(values: np.ndarray | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """An output column: numpy wrapped without a copy, Arrow as it is."""
+    return values if isinstance(values, pa.ChunkedArray) else pa.array(values)
+
+
+def arrow_empty(n: int, dtype: np.dtype | type) -> np.ndarray:
+    """Uninitialized writable [n] array in Arrow's memory pool.
+
+    Step 3's columns end in Arrow tables (``pa.array`` wraps them without a copy) and its
+    temporaries are column-sized. Taking them from the pool the parquet reader allocates from
+    lets a process that labels many datasets reuse pages that pool keeps, instead of faulting
+    in fresh ones from the system allocator per column, which cost more than the arithmetic
+    (measured in ``bench/advantages.py``).
+    """
+    dtype = np.dtype(dtype)
+    return np.frombuffer(pa.allocate_buffer(int(n) * dtype.itemsize), dtype=dtype)
+
+
+def column_numpy(column: pa.ChunkedArray | pa.Array, dtype: np.dtype | None = None) -> np.ndarray:
+    """The values of an Arrow column as one contiguous numpy array, cast to ``dtype`` if given
+    (nulls become NaN: check ``null_count`` first where that matters).
+
+    A single chunk of the right type is viewed without a copy; otherwise the chunks are copied
+    (and cast) straight into one array in Arrow's pool: one pass, no intermediate join.
+    """
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    parts = [chunk.to_numpy(zero_copy_only=False) for chunk in chunks]
+    if dtype is None:
+        dtype = parts[0].dtype if parts else np.float64
+    if len(parts) == 1 and parts[0].dtype == dtype:
+        return parts[0]
+    out = arrow_empty(sum(p.shape[0] for p in parts), dtype)
+    start = 0
+    for part in parts:  # a loop over Arrow chunks (a handful per million rows), not rows
+        out[start : start + part.shape[0]] = part
+        start += part.shape[0]
+    return out
 
 
 def quantile_threshold(advantages: np.ndarray, positive_quantile: float) -> float:
@@ -234,7 +283,9 @@ def quantile_threshold(advantages: np.ndarray, positive_quantile: float) -> floa
         raise RecapError("advantage_continuous: no frames to threshold")
     virtual = (a.size - 1) * (1.0 - q)
     k = min(int(np.floor(virtual)), a.size - 1)
-    part = np.partition(a, k)
+    part = arrow_empty(a.size, np.float64)
+    part[:] = a
+    part.partition(k)
     pair = np.array([part[k], part[k + 1 :].min() if k + 1 < a.size else part[k]])
     return float(np.quantile(pair, virtual - k))
 
@@ -316,7 +367,7 @@ def add_advantages(
     columns = [layout.episode_index, layout.frame_index, nstep.advantage, returns, values]
     columns += [nstep.value_next, nstep.reward_sum, nstep.reward_sum_raw, nstep.num_valid]
     names = layout.dataset_column()
-    arrays = [pa.array(c) for c in columns] + [names, pa.array(label)]
+    arrays = [_arrow(c) for c in columns] + [names, pa.array(label)]
     field = C.ADVANTAGES_SCHEMA.get_field_index(C.DATASET_NAME)
     schema = C.ADVANTAGES_SCHEMA.set(field, pa.field(C.DATASET_NAME, names.type))
     return with_labeling(pa.Table.from_arrays(arrays, schema=schema), record)
@@ -362,7 +413,8 @@ def _reward_columns(
 ) -> tuple[np.ndarray | None, np.ndarray]:
     """float64[n] rewards (None without a ``reward`` column) and the ``return`` column, which
     is recomputed from the rewards with ``gamma`` when the table has none."""
-    rewards = finite_column(table, C.REWARD, layout) if C.REWARD in table.column_names else None
+    has_rewards = C.REWARD in table.column_names
+    rewards = finite_column(table, C.REWARD, layout, keep_float32=True) if has_rewards else None
     if C.RETURN in table.column_names or rewards is None:
         return rewards, finite_column(table, C.RETURN, layout)
     return rewards, discounted_returns(rewards, layout.episodes, gamma)
@@ -457,15 +509,15 @@ class FrameLayout:
         order: int64[n] row permutation into layout order, or None (identity).
         episodes: episode layout over (dataset, episode) keys (None when not sorted).
         dataset_codes: int64[n] index into ``dataset_names`` (sorted, distinct).
-        episode_index, frame_index: int64[n].
+        episode_index, frame_index: int64[n], numpy or (rows kept as given) the Arrow columns.
     """
 
     order: np.ndarray | None
     episodes: Episodes | None
     dataset_codes: np.ndarray
     dataset_names: list[str]
-    episode_index: np.ndarray
-    frame_index: np.ndarray
+    episode_index: np.ndarray | pa.ChunkedArray
+    frame_index: np.ndarray | pa.ChunkedArray
 
     def take(self, values: np.ndarray) -> np.ndarray:
         """Per-row values of the table -> layout order."""
@@ -474,7 +526,9 @@ class FrameLayout:
     def dataset_column(self) -> pa.DictionaryArray:
         """string[n] dataset name per row (layout order), dictionary-encoded: no string copies
         (parquet stores it as a plain string column; ``read_parquet`` returns strings)."""
-        codes = pa.array(self.dataset_codes.astype(np.int32))
+        n = self.dataset_codes.shape[0]
+        one = len(self.dataset_names) == 1  # zeros from calloc: pages appear only when read
+        codes = pa.array(np.zeros(n, np.int32) if one else self.dataset_codes.astype(np.int32))
         return pa.DictionaryArray.from_arrays(codes, pa.array(self.dataset_names, pa.string()))
 
 
@@ -487,7 +541,20 @@ class TaskKeys:
 
 
 def frame_layout(table: pa.Table, dataset_name: str | None, *, sort: bool = True) -> FrameLayout:
-    """Dataset codes and, with ``sort``, the (dataset, episode, frame) sort of ``table``."""
+    """Dataset codes and, with ``sort``, the (dataset, episode, frame) sort of ``table``.
+
+    One dataset whose rows come sorted (the usual case) is recognized chunk by chunk on the
+    Arrow columns, which then serve as the output columns as they are (no joined copies).
+    """
+    if sort and C.DATASET_NAME not in table.column_names and dataset_name is not None:
+        episode_col = _int_chunks(table, C.EPISODE_INDEX)
+        frame_col = _int_chunks(table, C.FRAME_INDEX)
+        episodes = find_presorted(
+            [c.to_numpy() for c in episode_col.chunks], [c.to_numpy() for c in frame_col.chunks]
+        )
+        if episodes is not None:
+            codes = np.zeros(table.num_rows, dtype=np.int64)
+            return FrameLayout(None, episodes, codes, [dataset_name], episode_col, frame_col)
     episode = _int_column(table, C.EPISODE_INDEX)
     frame = _int_column(table, C.FRAME_INDEX)
     if C.DATASET_NAME in table.column_names:
@@ -566,12 +633,17 @@ _FIXES = {
 }
 
 
-def finite_column(table: pa.Table, name: str, layout: FrameLayout) -> np.ndarray:
-    """float64[n] column ``name`` in layout order; missing, null or non-finite values raise."""
+def finite_column(
+    table: pa.Table, name: str, layout: FrameLayout, *, keep_float32: bool = False
+) -> np.ndarray:
+    """float64[n] column ``name`` in layout order (float32 stays float32 with ``keep_float32``);
+    missing, null or non-finite values raise."""
     fix = _FIXES.get(name, f"give every frame a finite {name}")
     if name not in table.column_names:
         raise RecapError(f"{name}: column missing (have {table.column_names}); {fix}")
-    values = layout.take(np.asarray(table.column(name).to_numpy(), dtype=np.float64))
+    column = table.column(name)
+    native = keep_float32 and pa.types.is_float32(column.type)
+    values = layout.take(column_numpy(column, None if native else np.float64))
     if np.isfinite(np.sum(values)):  # NaN and inf propagate into the sum: one cheap pass
         return values
     bad = ~np.isfinite(values)
@@ -588,12 +660,19 @@ def finite_column(table: pa.Table, name: str, layout: FrameLayout) -> np.ndarray
 
 
 def _int_column(table: pa.Table, name: str) -> np.ndarray:
+    return column_numpy(_int_chunks(table, name), np.int64)
+
+
+def _int_chunks(table: pa.Table, name: str) -> pa.ChunkedArray:
+    """Integer column ``name`` as int64 Arrow chunks (a no-op cast when it is int64)."""
     if name not in table.column_names:
         raise RecapError(f"{name}: column missing (have {table.column_names})")
     column = table.column(name)
     if column.null_count:
         raise RecapError(f"{name}: {column.null_count} null values; every frame needs one")
-    return np.asarray(column.to_numpy(), dtype=np.int64)
+    if not pa.types.is_integer(column.type):
+        raise RecapError(f"{name}: type {column.type}, expected integers; re-export the column")
+    return column if column.type == pa.int64() else column.cast(pa.int64())
 
 
 def align_to_frames(frames: pa.Table, other: pa.Table, columns: list[str], what: str) -> pa.Table:

@@ -27,22 +27,41 @@ class Episodes:
     """Episode layout of a frame table, in sorted (episode_index, frame_index) order.
 
     Attributes:
-        order: int64[n] row permutation that sorts the table by (episode_index, frame_index).
+        sort_order: int64[n] row permutation that sorts the table by (episode_index,
+            frame_index), or None when the rows came sorted (``order`` is then built on demand).
         episode_ids: int64[E] distinct episode ids, ascending.
         starts: int64[E] first sorted position of each episode.
         lengths: int64[E] number of frames of each episode.
         first: bool[n] whether each sorted row starts an episode.
-        position: int64[n] per sorted row, its frame t within the episode (0..T-1).
-        presorted: whether the rows came already sorted (``order`` is the identity).
+        frame_position: int64[n] per sorted row, its frame t within the episode (0..T-1), or
+            None to derive it on demand (``position``).
     """
 
-    order: np.ndarray
+    sort_order: np.ndarray | None
     episode_ids: np.ndarray
     starts: np.ndarray
     lengths: np.ndarray
     first: np.ndarray
-    position: np.ndarray
-    presorted: bool = False
+    frame_position: np.ndarray | None
+
+    @property
+    def presorted(self) -> bool:
+        """Whether the rows came already sorted (``order`` is the identity)."""
+        return self.sort_order is None
+
+    @cached_property
+    def order(self) -> np.ndarray:
+        """int64[n] row permutation into sorted (episode_index, frame_index) order."""
+        if self.sort_order is None:
+            return np.arange(self.num_frames, dtype=np.int64)
+        return self.sort_order
+
+    @cached_property
+    def position(self) -> np.ndarray:
+        """int64[n] per sorted row, its frame t within the episode (0..T-1)."""
+        if self.frame_position is not None:
+            return self.frame_position
+        return np.arange(self.num_frames, dtype=np.int64) - np.repeat(self.starts, self.lengths)
 
     @cached_property
     def episode_of(self) -> np.ndarray:
@@ -51,7 +70,7 @@ class Episodes:
 
     @property
     def num_frames(self) -> int:
-        return int(self.order.shape[0])
+        return int(self.first.shape[0])
 
     @property
     def ends(self) -> np.ndarray:
@@ -72,6 +91,8 @@ class Episodes:
 
     def unsort(self, sorted_values: np.ndarray) -> np.ndarray:
         """Map values given in sorted order back to the original row order."""
+        if self.sort_order is None:
+            return sorted_values
         out = np.empty_like(sorted_values)
         out[self.order] = sorted_values
         return out
@@ -95,25 +116,11 @@ def find_episodes(episode_index: np.ndarray, frame_index: np.ndarray) -> Episode
     n = episode_index.shape[0]
     if n == 0:
         empty = np.zeros(0, dtype=np.int64)
-        return Episodes(empty, empty, empty, empty, np.zeros(0, dtype=bool), empty, True)
+        return Episodes(None, empty, empty, empty, np.zeros(0, dtype=bool), empty)
+    presorted = find_presorted([episode_index], [frame_index])
+    if presorted is not None:
+        return presorted
     step_ep, step_fr = np.diff(episode_index), np.diff(frame_index)
-    if _sorted_and_consecutive(step_ep, step_fr) and frame_index[0] == 0:
-        # the usual case, checked in one pass: no sort, and only episode starts left to check
-        new_episode = np.empty(n, dtype=bool)
-        new_episode[0] = True
-        np.not_equal(step_ep, 0, out=new_episode[1:])
-        starts = np.flatnonzero(new_episode)
-        if not frame_index[starts].any():
-            order = np.arange(n, dtype=np.int64)
-            return Episodes(
-                order,
-                episode_index[starts],
-                starts,
-                np.diff(starts, append=n),
-                new_episode,
-                frame_index,
-                presorted=True,
-            )
     if not _is_sorted(step_ep, step_fr):
         order = np.lexsort((frame_index, episode_index))
         ep, fr = episode_index[order], frame_index[order]
@@ -132,12 +139,62 @@ def find_episodes(episode_index: np.ndarray, frame_index: np.ndarray) -> Episode
         i = _first_bad_row(starts, bad_start, bad_step)
         raise FrameIndexError(_frame_error(ep, fr, new_episode, i), row=int(order[i]))
     lengths = np.diff(starts, append=n)  # rows needed the sort (sorted valid rows returned above)
-    return Episodes(order, ep[starts], starts, lengths, new_episode, fr, presorted=False)
+    return Episodes(order, ep[starts], starts, lengths, new_episode, fr)
 
 
-def _sorted_and_consecutive(step_ep: np.ndarray, step_fr: np.ndarray) -> bool:
-    """Rows sorted by episode with frames stepping by exactly 1 inside each episode."""
-    return bool(np.all((step_ep > 0) | ((step_ep == 0) & (step_fr == 1))))
+def find_presorted(
+    episode_chunks: list[np.ndarray], frame_chunks: list[np.ndarray]
+) -> Episodes | None:
+    """The layout of int64 rows given in consecutive chunks (e.g. an Arrow column's), when they
+    are already sorted with frames 0..T-1 (the usual case); else None.
+
+    Two boolean passes over the columns, chunk by chunk: no joined copy, no int64 temporaries.
+    Episodes start where ``episode_index`` changes; the rows are valid and sorted iff the ids
+    increase at every start, each episode's first frame is 0 and its last T - 1, and frames
+    strictly increase inside it (T increasing integers from 0 to T - 1 are exactly 0..T-1).
+    """
+    sizes = np.array([c.shape[0] for c in episode_chunks], dtype=np.int64)
+    n = int(sizes.sum())
+    new_episode = np.empty(n, dtype=bool)
+    start, last_episode, last_frame = 0, None, None
+    for episode, frame in zip(episode_chunks, frame_chunks, strict=True):  # chunks, not rows
+        m = episode.shape[0]
+        if m == 0:
+            continue
+        first = new_episode[start : start + m]
+        first[0] = last_episode is None or episode[0] != last_episode
+        if not first[0] and frame[0] <= last_frame:
+            return None
+        np.not_equal(episode[1:], episode[:-1], out=first[1:])
+        increasing = np.greater(frame[1:], frame[:-1])
+        increasing |= first[1:]
+        if not increasing.all():
+            return None
+        start, last_episode, last_frame = start + m, episode[-1], frame[-1]
+    starts = np.flatnonzero(new_episode)
+    lengths = np.diff(starts, append=n)
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    ids = _gather(episode_chunks, offsets, starts)
+    if not (
+        np.all(ids[1:] > _gather(episode_chunks, offsets, starts[1:] - 1))
+        and not _gather(frame_chunks, offsets, starts).any()
+        and np.array_equal(_gather(frame_chunks, offsets, starts + lengths - 1), lengths - 1)
+    ):
+        return None
+    position = frame_chunks[0] if len(frame_chunks) == 1 else None
+    return Episodes(None, ids, starts, lengths, new_episode, position)
+
+
+def _gather(chunks: list[np.ndarray], offsets: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """int64[k] values at global ``rows`` (ascending) of consecutive ``chunks``."""
+    if len(chunks) == 1:
+        return chunks[0][rows]
+    out = np.empty(rows.shape[0], dtype=np.int64)
+    bounds = np.searchsorted(rows, offsets)
+    for i, chunk in enumerate(chunks):
+        a, b = bounds[i], bounds[i + 1]
+        out[a:b] = chunk[rows[a:b] - offsets[i]]
+    return out
 
 
 def _is_sorted(step_ep: np.ndarray, step_fr: np.ndarray) -> bool:

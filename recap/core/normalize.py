@@ -61,9 +61,12 @@ def normalize_returns(
     return (np.asarray(returns, dtype=np.float64) - offset) / scale
 
 
-def normalize_reward_sums(sums: np.ndarray, scale: np.ndarray | float) -> np.ndarray:
-    """float[n] return-sized differences (n-step reward sums) -> float64[n] ``s / scale``."""
-    return np.asarray(sums, dtype=np.float64) / scale
+def normalize_reward_sums(
+    sums: np.ndarray, scale: np.ndarray | float, out: np.ndarray | None = None
+) -> np.ndarray:
+    """float[n] return-sized differences (n-step reward sums) -> float64[n] ``s / scale``
+    (written into ``out`` when given)."""
+    return np.divide(np.asarray(sums, dtype=np.float64), scale, out=out)
 
 
 def task_length_scale(task_index: np.ndarray, episode_length: np.ndarray) -> np.ndarray:

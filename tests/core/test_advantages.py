@@ -352,8 +352,11 @@ def _episodes(draw):
     q=st.floats(0.01, 0.99),
     seed=st.integers(0, 2**31),
     from_returns=st.booleans(),
+    sorted_chunks=st.booleans(),
 )
-def test_matches_per_frame_reference(episodes, lookahead, gamma, return_max, q, seed, from_returns):
+def test_matches_per_frame_reference(
+    episodes, lookahead, gamma, return_max, q, seed, from_returns, sorted_chunks
+):
     ids, lengths, failures = episodes
     n = sum(lengths)
     random = np.random.default_rng(seed)
@@ -374,9 +377,13 @@ def test_matches_per_frame_reference(episodes, lookahead, gamma, return_max, q, 
         ends = np.repeat(np.cumsum(lengths), lengths)
         g = [sum(gamma ** (k - t) * rewards[k] for k in range(t, ends[t])) for t in range(n)]
         table = table.drop_columns([C.REWARD]).append_column(C.RETURN, pa.array(g))
-    shuffled = table.take(pa.array(random.permutation(n)))
+    if sorted_chunks:  # sorted rows in Arrow chunks cut anywhere (the chunk-wise fast path)
+        cuts = np.unique(np.concatenate([[0, n], random.integers(0, n + 1, 3)]))
+        given = pa.concat_tables([table.slice(a, b - a) for a, b in zip(cuts[:-1], cuts[1:])])
+    else:
+        given = table.take(pa.array(random.permutation(n)))
     out = add_advantages(
-        shuffled,
+        given,
         return_range=rng,
         lookahead=lookahead,
         gamma=gamma,

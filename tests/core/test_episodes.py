@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from recap.core.episodes import FrameIndexError, find_episodes
+from recap.core.episodes import FrameIndexError, find_episodes, find_presorted
 from recap.errors import RecapError
 
 
@@ -50,3 +50,34 @@ def test_gap_is_an_error():
 def test_not_starting_at_zero_is_an_error():
     with pytest.raises(RecapError, match="episode 0 has frame 1 where frame 0 was expected"):
         find_episodes(np.array([0, 0]), np.array([1, 2]))
+
+
+def test_presorted_chunks_agree_with_the_joined_columns():
+    # episodes 3 (4 frames), 8 (3 frames), 9 (1 frame); chunk cuts inside and between episodes
+    ep = np.array([3, 3, 3, 3, 8, 8, 8, 9])
+    fr = np.array([0, 1, 2, 3, 0, 1, 2, 0])
+    cuts = [0, 2, 4, 4, 7, 8]
+    e = find_presorted(
+        [ep[a:b] for a, b in zip(cuts[:-1], cuts[1:])],
+        [fr[a:b] for a, b in zip(cuts[:-1], cuts[1:])],
+    )
+    np.testing.assert_array_equal(e.episode_ids, [3, 8, 9])
+    np.testing.assert_array_equal(e.starts, [0, 4, 7])
+    np.testing.assert_array_equal(e.lengths, [4, 3, 1])
+    np.testing.assert_array_equal(e.position, fr)
+    np.testing.assert_array_equal(e.order, np.arange(8))
+    assert e.presorted and find_episodes(ep, fr).presorted
+
+
+@pytest.mark.parametrize(
+    "ep, fr",
+    [
+        ([3, 3, 2, 2], [0, 1, 0, 1]),  # ids decrease
+        ([3, 3, 3, 3], [0, 1, 1, 2]),  # repeated frame across the cut
+        ([3, 3, 3, 3], [0, 1, 3, 4]),  # gap across the cut
+        ([3, 3, 4, 4], [0, 1, 1, 2]),  # episode 4 starts at frame 1
+    ],
+)
+def test_presorted_chunks_reject_what_needs_the_sort(ep, fr):
+    ep, fr = np.array(ep), np.array(fr)
+    assert find_presorted([ep[:2], ep[2:]], [fr[:2], fr[2:]]) is None
