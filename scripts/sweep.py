@@ -19,8 +19,6 @@ MLflow run is tagged with the sweep name and has the varied bindings among its p
 from __future__ import annotations
 
 import argparse
-import itertools
-import json
 import shlex
 import socket
 import subprocess
@@ -31,6 +29,9 @@ import yaml
 
 from recap.cli import parse_gin, resolve_gin_file
 from recap.errors import RecapError
+from recap.sweep import binding as _binding
+from recap.sweep import label as _label
+from recap.sweep import points
 
 REPO = Path(__file__).resolve().parent.parent
 TRAIN = REPO / "scripts" / "train.py"
@@ -52,17 +53,6 @@ def load_sweep(path: str) -> dict:
     return spec
 
 
-def points(grid: dict[str, list]) -> list[dict]:
-    """Cartesian product of the grid, in file order: [{binding: value}, ...]."""
-    keys = list(grid)
-    return [dict(zip(keys, values)) for values in itertools.product(*(grid[k] for k in keys))]
-
-
-def _binding(key: str, value) -> str:
-    literal = json.dumps(value) if isinstance(value, str) else repr(value)
-    return f"{key} = {literal}"
-
-
 def _launcher(launcher: str) -> list[str]:
     words = shlex.split(launcher)
     if words[0] in ("python", "python3"):
@@ -77,7 +67,7 @@ def _launcher(launcher: str) -> list[str]:
 def point_params(spec: dict, index: int, point: dict, extra: list[str]) -> list[str]:
     """All gin bindings of one point: fixed, varied, and the run's name / directory / sweep tag."""
     name = spec["name"]
-    label = " ".join(f"{k.split('.')[-1]}={v}" for k, v in point.items())
+    label = _label(point)
     run_dir = Path(spec.get("run_root", "runs/sweeps")) / name / f"{index:03d}"
     return [
         *spec.get("gin_params", []),

@@ -1,0 +1,643 @@
+"""Steps 1-4 as one job: each step in its launcher, finished steps skipped, one summary.
+
+A pipeline gin file names each step's own gin files and extra bindings::
+
+    pipeline.name = "demo"
+    pipeline.steps = {"returns": ["demo/returns.gin"], "value": ["demo/value.gin"],
+                      "advantages": ["demo/advantages.gin"], "policy": ["demo/policy.gin"],
+                      "baseline": ["demo/policy_bc.gin"]}
+    pipeline.bindings = {"value": ["train.max_steps = 300"]}   # also "all", "evaluate"
+    pipeline.ranks = 2
+
+Command-line bindings ``STEP/binding`` (``value/deepspeed_config.lr = 3e-4``; STEP is a step
+name, ``evaluate`` or ``all``) go to that step; other bindings configure the pipeline itself.
+
+Stages, in order (``needs`` in brackets): returns; value [returns]; advantages [value];
+policy [advantages]; baseline (behaviour cloning, no advantage text) []; evaluate_policy
+[policy]; evaluate_baseline [baseline]. Steps 2-4 run under ``deepspeed --num_gpus {ranks}``
+(or one plain process with ``pipeline.launcher = "python"``); Step 1 and the closed-loop
+evaluations (demo task only, ``pipeline.evaluate``) are single processes.
+
+Content-addressed outputs: a stage's fingerprint hashes its full gin configuration (every
+binding of its files plus the extra ones) and the fingerprints of the stages it needs. Its run
+directory is ``{run_root}/{stage}/{fingerprint[:12]}`` and the advantages tag
+``adv_{fingerprint[:12]}``, so rerunning the same configuration skips finished stages, changing
+one binding reruns only that stage and those after it (an interrupted training resumes from its
+checkpoint), going back to an earlier configuration reuses its outputs, sweep points share what
+they have in common, and no earlier result is overwritten. A stage counts as finished when its
+marker ``{run_root}/.pipeline/{stage}-{fingerprint}.json`` exists and the output files it lists
+have the recorded sizes and modification times (``--force STAGE`` reruns one anyway). The
+pipeline binds the paths it owns (``train.run_dir``, ``compute_advantages.model_path`` / ``tag`` /
+``output_dir``, ``policy_data.advantages_tag``, ``evaluate_policy.run_dir``, ``Tracker.run_name``)
+after everything else. Step 1 writes the returns tag of its own gin files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shlex
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import gin
+import numpy as np
+import pyarrow.parquet as pq
+
+from recap.cli import parse_gin
+from recap.errors import RecapError
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPTS = REPO / "scripts"
+STEP_KEYS = ("returns", "value", "advantages", "policy", "baseline")
+SCOPES = (*STEP_KEYS, "evaluate", "all")
+MARKERS = ".pipeline"
+_SCOPED = re.compile(r"^\s*(" + "|".join(SCOPES) + r")/(.+)$", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    script: str
+    step: str  # key of ``pipeline.steps``: whose gin files it parses
+    distributed: bool
+    needs: tuple[str, ...]
+    evaluation: bool = False
+
+
+STAGES = (
+    Stage("returns", "compute_returns.py", "returns", False, ()),
+    Stage("value", "train.py", "value", True, ("returns",)),
+    Stage("advantages", "compute_advantages.py", "advantages", True, ("value",)),
+    Stage("policy", "train.py", "policy", True, ("advantages",)),
+    Stage("baseline", "train.py", "baseline", True, ()),
+    Stage("evaluate_policy", "evaluate_policy.py", "policy", False, ("policy",), True),
+    Stage("evaluate_baseline", "evaluate_policy.py", "baseline", False, ("baseline",), True),
+)
+BY_NAME = {s.name: s for s in STAGES}
+
+
+@dataclass
+class PipelineConfig:
+    name: str
+    steps: dict[str, list[str]]
+    bindings: dict[str, list[str]]
+    run_root: Path
+    ranks: int
+    launcher: str
+    evaluate: bool
+    stages: list[str]
+    experiment: str
+    sweep_name: str = ""
+
+
+@gin.configurable("pipeline")
+def pipeline_config(
+    name: str = gin.REQUIRED,
+    steps: dict = gin.REQUIRED,
+    bindings: dict | None = None,
+    run_root: str = "runs/pipeline",
+    ranks: int = 1,
+    launcher: str = "deepspeed",
+    evaluate: bool = False,
+    stages: Sequence[str] | None = None,
+    experiment: str = "pipeline",
+    sweep_name: str = "",
+) -> PipelineConfig:
+    """The pipeline's own settings (gin ``pipeline.*``).
+
+    Args:
+        name: label of this pipeline run (summary, MLflow run names); not part of any output path.
+        steps: step -> its gin files, for the steps in ``STEP_KEYS`` that run.
+        bindings: extra bindings per step, or for ``"evaluate"`` (both evaluations) or ``"all"``.
+        ranks: processes per distributed step (``deepspeed --num_gpus ranks``).
+        launcher: ``"deepspeed"`` or ``"python"`` (one process; ranks must be 1).
+        evaluate: run the closed-loop evaluations on the synthetic demo task.
+        stages: run only these stages (default: every stage whose step has gin files).
+    """
+    unknown = sorted(set(steps) - set(STEP_KEYS))
+    if unknown:
+        raise RecapError(f"pipeline.steps: unknown step(s) {unknown}; use {list(STEP_KEYS)}")
+    extra = bindings or {}
+    bad = sorted(set(extra) - set(SCOPES))
+    if bad:
+        raise RecapError(f"pipeline.bindings: unknown key(s) {bad}; use {list(SCOPES)}")
+    if launcher not in ("deepspeed", "python"):
+        raise RecapError(f"pipeline.launcher: {launcher!r}; use 'deepspeed' or 'python'")
+    if ranks < 1 or (launcher == "python" and ranks != 1):
+        raise RecapError(f"pipeline.ranks: {ranks}; use >= 1 (exactly 1 with launcher 'python')")
+    default = [s.name for s in STAGES if s.step in steps and (evaluate or not s.evaluation)]
+    chosen = list(stages) if stages is not None else default
+    for stage in chosen:
+        if stage not in BY_NAME:
+            raise RecapError(f"pipeline.stages: unknown stage {stage!r}; use {list(BY_NAME)}")
+        if BY_NAME[stage].step not in steps:
+            raise RecapError(f"pipeline.stages: {stage!r} needs pipeline.steps[{stage!r}] files")
+        missing = [n for n in BY_NAME[stage].needs if n not in chosen]
+        if missing:
+            raise RecapError(f"pipeline.stages: {stage!r} needs {missing}; add them")
+    return PipelineConfig(
+        name=name,
+        steps={k: list(v) for k, v in steps.items()},
+        bindings={k: list(v) for k, v in extra.items()},
+        run_root=Path(run_root),
+        ranks=int(ranks),
+        launcher=launcher,
+        evaluate=evaluate,
+        stages=[s.name for s in STAGES if s.name in chosen],
+        experiment=experiment,
+        sweep_name=sweep_name,
+    )
+
+
+def split_params(params: Sequence[str]) -> tuple[list[str], dict[str, list[str]]]:
+    """Command-line bindings -> (pipeline bindings, {scope: step bindings})."""
+    own, scoped = [], {}
+    for param in params:
+        match = _SCOPED.match(param)
+        if match:
+            scoped.setdefault(match.group(1), []).append(match.group(2).strip())
+        else:
+            own.append(param)
+    return own, scoped
+
+
+@dataclass
+class Planned:
+    """One stage resolved: its fingerprint, the bindings it runs with, where its outputs go."""
+
+    stage: Stage
+    fingerprint: str
+    files: list[str]
+    params: list[str]
+    run_dir: Path | None
+    outputs: list[Path] = field(default_factory=list)
+
+    @property
+    def short(self) -> str:
+        return self.fingerprint[:12]
+
+
+def _register_configurables() -> None:
+    import recap.engine.tracking  # noqa: F401
+    import recap.steps.compute_advantages  # noqa: F401
+    import recap.steps.compute_returns  # noqa: F401
+    import recap.steps.evaluate_policy  # noqa: F401
+    import recap.steps.train  # noqa: F401
+
+
+def _bindings_of(files: list[str], params: list[str], where: str) -> dict[str, str]:
+    """Every binding of ``files`` + ``params`` after gin parses them (checks them too)."""
+    from recap.engine.tracking import gin_bindings
+
+    gin.clear_config()
+    try:
+        parse_gin(files, params)
+    except RecapError as exc:
+        raise RecapError(f"pipeline step {where}: {exc}") from exc
+    out = {k: v for k, v in gin_bindings().items() if not k.startswith("Tracker.")}
+    return out
+
+
+def _query(name: str, default=None):
+    """A bound value (macros resolved), or ``default`` when the parameter is not bound."""
+    try:
+        value = gin.query_parameter(name)
+    except ValueError:
+        return default
+    if isinstance(value, gin.config.ConfigurableReference) and value.selector == "gin.macro":
+        return _query(f"{value.scoped_selector}.value", default)
+    return value
+
+
+def _sidecars(kind: str, prefix: str, tag: str | None = None) -> list[Path]:
+    """Sidecar paths of the datasets bound to ``{prefix}.datasets`` (gin parsed now)."""
+    from recap.data.sidecars import sidecar_path
+    from recap.data.specs import parse_dataset_specs
+
+    specs = parse_dataset_specs(_query(f"{prefix}.datasets", []), _query(f"{prefix}.data_root", ""))
+    tag = _query(f"{prefix}.tag", "") if tag is None else tag
+    return [sidecar_path(spec.root, kind, tag) for spec in specs]
+
+
+def plan(config: PipelineConfig, scoped: dict[str, list[str]]) -> dict[str, Planned]:
+    """Fingerprint, bindings and outputs of every chosen stage, in order (gin checks them all)."""
+    _register_configurables()
+    planned: dict[str, Planned] = {}
+    root = config.run_root
+    for name in config.stages:
+        stage = BY_NAME[name]
+        files = config.steps[stage.step]
+        extra = [*config.bindings.get("all", []), *scoped.get("all", [])]
+        extra += [*config.bindings.get(stage.step, []), *scoped.get(stage.step, [])]
+        if stage.evaluation:
+            extra += [*config.bindings.get("evaluate", []), *scoped.get("evaluate", [])]
+        inputs = _input_bindings(stage, planned)
+        config_bindings = _bindings_of(files, [*extra, *inputs], name)
+        digest = hashlib.sha256()
+        digest.update(json.dumps([name, sorted(config_bindings.items())]).encode())
+        for need in stage.needs:
+            digest.update(planned[need].fingerprint.encode())
+        fingerprint = digest.hexdigest()
+        run_dir, owned = _owned(stage, fingerprint, planned, root)
+        params = [*extra, *inputs, *owned]
+        if stage.distributed:  # the steps that track themselves in MLflow
+            params.append(f'Tracker.run_name = "{config.name}/{name}"')
+            if config.sweep_name:
+                params.append(f'Tracker.sweep_name = "{config.sweep_name}"')
+        _bindings_of(files, params, name)  # the final bindings parse too; queries below use them
+        item = Planned(stage, fingerprint, files, params, run_dir)
+        if name == "returns":
+            item.outputs = _sidecars("returns", "compute_returns")
+        elif name == "advantages":
+            item.outputs = _sidecars("advantages", "compute_advantages")
+        elif not stage.evaluation:
+            item.outputs = [run_dir / "model.safetensors"]
+        planned[name] = item
+    gin.clear_config()
+    return planned
+
+
+def _input_bindings(stage: Stage, planned: dict[str, Planned]) -> list[str]:
+    """Bindings pointing a stage at the outputs of the stages it needs."""
+    if stage.name == "advantages":
+        return [f'compute_advantages.model_path = "{planned["value"].run_dir}"']
+    if stage.name == "policy":
+        return [f'policy_data.advantages_tag = "{_tag(planned["advantages"].fingerprint)}"']
+    if stage.name == "evaluate_policy":
+        return [f'policy_data.advantages_tag = "{_tag(planned["advantages"].fingerprint)}"']
+    return []
+
+
+def _tag(fingerprint: str) -> str:
+    return f"adv_{fingerprint[:12]}"
+
+
+def _owned(
+    stage: Stage, fingerprint: str, planned: dict[str, Planned], root: Path
+) -> tuple[Path | None, list[str]]:
+    """The stage's run directory and the bindings that put its outputs there."""
+    if stage.evaluation:
+        trained = planned[stage.needs[0]].run_dir
+        return trained, [f'evaluate_policy.run_dir = "{trained}"', f'train.run_dir = "{trained}"']
+    if stage.name == "returns":
+        return None, []
+    run_dir = root / stage.name / fingerprint[:12]
+    if stage.name == "advantages":
+        return run_dir, [
+            f'compute_advantages.tag = "{_tag(fingerprint)}"',
+            f'compute_advantages.output_dir = "{run_dir}"',
+        ]
+    return run_dir, [f'train.run_dir = "{run_dir}"']
+
+
+# ---- running ----------------------------------------------------------------------------------
+
+
+def _marker(root: Path, item: Planned) -> Path:
+    return root / MARKERS / f"{item.stage.name}-{item.fingerprint}.json"
+
+
+def _stamp(paths: list[Path]) -> dict[str, list[int]]:
+    out = {}
+    for path in paths:
+        st = path.stat()
+        out[str(path)] = [st.st_size, st.st_mtime_ns]
+    return out
+
+
+def finished(root: Path, item: Planned) -> dict | None:
+    """The stage's marker record when its outputs are still as it left them, else None."""
+    marker = _marker(root, item)
+    if not marker.is_file():
+        return None
+    record = json.loads(marker.read_text())
+    try:
+        if _stamp([Path(p) for p in record.get("outputs", {})]) != record.get("outputs", {}):
+            return None
+    except OSError:
+        return None
+    return record
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def command(item: Planned, config: PipelineConfig) -> tuple[list[str], dict[str, str]]:
+    """Argv and environment of one stage."""
+    script = str(SCRIPTS / item.stage.script)
+    flags = [a for f in item.files for a in ("--gin_file", f)]
+    flags += [a for p in item.params for a in ("--gin_param", p)]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    if item.stage.distributed and config.launcher == "deepspeed":
+        launcher = Path(sys.executable).parent / "deepspeed"
+        argv = [str(launcher) if launcher.exists() else "deepspeed"]
+        argv += ["--num_gpus", str(config.ranks), "--master_port", str(_free_port())]
+        return [*argv, script, *flags], env
+    env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
+    env["MASTER_PORT"] = str(_free_port())
+    return [sys.executable, script, *flags], env
+
+
+def _last_metrics(run_dir: Path) -> dict[str, float]:
+    """The last value of every metric in ``metrics.jsonl``."""
+    out: dict[str, float] = {}
+    path = run_dir / "metrics.jsonl"
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            if line.strip():
+                out.update({k: v for k, v in json.loads(line).items() if k != "step"})
+    return out
+
+
+def result_of(item: Planned) -> dict:
+    """The summary figures of a finished stage, read from its outputs."""
+    name = item.stage.name
+    if name == "returns":
+        return {"frames": sum(pq.ParquetFile(p).metadata.num_rows for p in item.outputs)}
+    if name == "advantages":
+        labels = [pq.read_table(p, columns=["advantage"]).column(0) for p in item.outputs]
+        total = sum(len(c) for c in labels)
+        positive = sum(int(np.count_nonzero(c.to_numpy())) for c in labels)
+        return {"frames": total, "positive_fraction": positive / max(total, 1)}
+    if item.stage.evaluation:
+        record = json.loads((item.run_dir / "closed_loop.json").read_text())
+        return {"success": record["success"], "num_episodes": record["num_episodes"]}
+    metrics = _last_metrics(item.run_dir)
+    keys = ("train/loss", "eval/loss", "eval/value_spearman", "eval/value_mae")
+    return {k: metrics[k] for k in keys if k in metrics}
+
+
+def run_pipeline(
+    config: PipelineConfig, scoped: dict[str, list[str]], force: Sequence[str] = ()
+) -> dict[str, dict]:
+    """Run (or skip) every stage; returns stage -> {"status", "wall_s", "result", ...}."""
+    unknown = sorted(set(force) - set(config.stages))
+    if unknown:
+        raise RecapError(f"--force: {unknown} are not stages of this pipeline {config.stages}")
+    planned = plan(config, scoped)
+    root = config.run_root
+    (root / MARKERS).mkdir(parents=True, exist_ok=True)
+    report: dict[str, dict] = {}
+    rerun: set[str] = set()
+    total = len(planned)
+    for index, (name, item) in enumerate(planned.items(), start=1):
+        forced = name in force or any(n in rerun for n in item.stage.needs)
+        record = None if forced else finished(root, item)
+        where = item.run_dir if item.run_dir is not None else root
+        if record is not None:
+            print(f"== [{index}/{total}] {name} ({item.short}): finished before, skipped")
+            report[name] = {**record, "status": "skipped"}
+            continue
+        rerun.add(name)
+        argv, env = command(item, config)
+        print(f"== [{index}/{total}] {name} ({item.short}): {shlex.join(argv)}", flush=True)
+        if item.run_dir is not None and not item.stage.evaluation:
+            item.run_dir.mkdir(parents=True, exist_ok=True)
+        start = time.perf_counter()
+        code = subprocess.run(argv, env=env).returncode
+        wall = time.perf_counter() - start
+        if code != 0:
+            raise PipelineStepFailed(name, code, where)
+        record = {
+            "stage": name,
+            "fingerprint": item.fingerprint,
+            "run_dir": str(item.run_dir) if item.run_dir else None,
+            "wall_s": round(wall, 1),
+            "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "params": item.params,
+            "result": result_of(item),
+            "outputs": _stamp(item.outputs),
+        }
+        _write_json(_marker(root, item), record)
+        report[name] = {**record, "status": "ran"}
+    return report
+
+
+class PipelineStepFailed(RecapError):
+    def __init__(self, stage: str, code: int, where: Path):
+        super().__init__(
+            f"pipeline: step {stage} failed (exit {code}); its error is printed above. Fix it "
+            f"and rerun the same command: finished steps are skipped (outputs under {where})"
+        )
+        self.code = code
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+# ---- summary -----------------------------------------------------------------------------------
+
+
+def summary_metrics(report: dict[str, dict]) -> dict[str, float]:
+    """Flat figures of a pipeline run (MLflow metrics of the pipeline run)."""
+    out: dict[str, float] = {}
+    for name, entry in report.items():
+        out[f"wall_s/{name}"] = float(entry["wall_s"])
+        result = entry.get("result", {})
+        if name == "value" and "eval/value_spearman" in result:
+            out["value_eval_spearman"] = float(result["eval/value_spearman"])
+        if name == "advantages":
+            out["positive_fraction"] = float(result["positive_fraction"])
+        if name in ("policy", "baseline") and "train/loss" in result:
+            out[f"{name}_train_loss"] = float(result["train/loss"])
+        if name.startswith("evaluate_"):
+            for beta, rate in result["success"].items():
+                out[f"success/{name[len('evaluate_') :]}/{beta}"] = float(rate)
+    return out
+
+
+def _describe(name: str, result: dict) -> str:
+    if name == "returns":
+        return f"{result['frames']} frames"
+    if name == "advantages":
+        return f"positive fraction {result['positive_fraction']:.3f} of {result['frames']} frames"
+    if name.startswith("evaluate_"):
+        rates = ", ".join(f"beta {k[5:]}: {v:.2f}" for k, v in result["success"].items())
+        return f"success {rates} ({result['num_episodes']} episodes)"
+    parts = []
+    if "eval/value_spearman" in result:
+        parts.append(f"eval Spearman {result['eval/value_spearman']:.3f}")
+    if "train/loss" in result:
+        parts.append(f"train loss {result['train/loss']:.4g}")
+    if "eval/loss" in result:
+        parts.append(f"eval loss {result['eval/loss']:.4g}")
+    return ", ".join(parts)
+
+
+def summary_table(config: PipelineConfig, report: dict[str, dict], uri: str) -> str:
+    """The final table: per step status, wall time, headline figures; the MLflow command."""
+    rows = [("step", "status", "wall", "result", "outputs")]
+    for name, entry in report.items():
+        wall = f"{entry['wall_s']:.0f} s"
+        where = entry.get("run_dir") or ""
+        rows.append((name, entry["status"], wall, _describe(name, entry["result"]), where))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = [f"pipeline {config.name!r}: " + ", ".join(f"{k} {v}" for k, v in _headline(report))]
+    for row in rows:
+        cells = [c.ljust(w) for c, w in zip(row[:4], widths, strict=True)]
+        lines.append("  ".join([*cells, row[4]]).rstrip())
+    lines.append(f"compare runs: mlflow ui --backend-store-uri {uri}   (experiment "
+                 f"{config.experiment!r}: one run per pipeline configuration)")  # fmt: skip
+    return "\n".join(lines)
+
+
+def _headline(report: dict[str, dict]) -> list[tuple[str, str]]:
+    metrics = summary_metrics(report)
+    out = []
+    if "value_eval_spearman" in metrics:
+        out.append(("value eval Spearman", f"{metrics['value_eval_spearman']:.3f}"))
+    if "positive_fraction" in metrics:
+        out.append(("positive fraction", f"{metrics['positive_fraction']:.3f}"))
+    if "policy_train_loss" in metrics:
+        out.append(("policy loss", f"{metrics['policy_train_loss']:.4g}"))
+    for key in ("success/baseline/beta_1", "success/policy/beta_1"):
+        if key in metrics:
+            out.append((f"{key.split('/')[1]} success (beta 1)", f"{metrics[key]:.2f}"))
+    return out
+
+
+def track(config: PipelineConfig, scoped: dict[str, list[str]], report: dict[str, dict]) -> str:
+    """One MLflow run per pipeline configuration (experiment ``config.experiment``): the step
+    bindings as params, the summary as metrics. Returns the tracking URI."""
+    from recap.engine.tracking import Tracker
+
+    key = hashlib.sha256("".join(e["fingerprint"] for e in report.values()).encode()).hexdigest()
+    run_dir = config.run_root / "pipelines" / f"{config.name}-{key[:12]}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tracker = Tracker(config.experiment, run_name=config.name, sweep_name=config.sweep_name)
+    gin.clear_config()
+    tracker.start(run_dir, "pipeline")
+    params = {"pipeline.name": config.name, "pipeline.stages": ",".join(config.stages)}
+    for scope in SCOPES:
+        for binding in [*config.bindings.get(scope, []), *scoped.get(scope, [])]:
+            lhs, _, rhs = binding.partition("=")
+            params[f"{scope}/{lhs.strip()}"] = rhs.strip()
+    params.update({f"fingerprint/{k}": e["fingerprint"][:12] for k, e in report.items()})
+    tracker.log_params(params)
+    tracker.log_metrics(summary_metrics(report), 0)
+    tracker.log_dict(report, "pipeline_report.json")
+    tracker.finish()
+    _write_json(run_dir / "summary.json", {"name": config.name, "stages": report})
+    return tracker.uri
+
+
+# ---- command line -------------------------------------------------------------------------------
+
+SWEEP_KEYS = {"name", "gin_files", "gin_params", "grid"}
+
+
+def load_pipeline(files: Sequence[str], params: Sequence[str], **overrides) -> PipelineConfig:
+    """Parse the pipeline's gin files and (unscoped) bindings into its config."""
+    gin.clear_config()
+    parse_gin(files, params)
+    config = pipeline_config(**overrides)
+    gin.clear_config()
+    return config
+
+
+def dry_run(config: PipelineConfig, scoped: dict[str, list[str]], force: Sequence[str]) -> None:
+    """Print what would run and what would be skipped."""
+    planned = plan(config, scoped)
+    rerun: set[str] = set()
+    for name, item in planned.items():
+        stale = name in force or any(n in rerun for n in item.stage.needs)
+        done = not stale and finished(config.run_root, item) is not None
+        if not done:
+            rerun.add(name)
+        argv, _ = command(item, config)
+        status = "skip (finished)" if done else "run"
+        print(f"{name:18s} {item.short}  {status:15s} {shlex.join(argv)}")
+
+
+def run_sweep(path: str, extra: Sequence[str], force: Sequence[str], dry: bool) -> int:
+    """One pipeline per grid point (shared stages run once); prints a comparison table."""
+    import yaml
+
+    from recap.cli import resolve_gin_file
+    from recap.sweep import binding, label, points
+
+    resolved = resolve_gin_file(path)
+    spec = yaml.safe_load(Path(resolved).read_text()) or {}
+    unknown = sorted(set(spec) - SWEEP_KEYS)
+    if unknown:
+        raise RecapError(f"{resolved}: unknown field(s) {unknown}; use {sorted(SWEEP_KEYS)}")
+    if not spec.get("name") or not spec.get("gin_files"):
+        raise RecapError(f"{resolved}: 'name' and 'gin_files' (the pipeline gin) are required")
+    grid = spec.get("grid") or {}
+    if not isinstance(grid, dict) or not all(isinstance(v, list) and v for v in grid.values()):
+        raise RecapError(f"{resolved}: 'grid' must map each binding to a non-empty list of values")
+    runs = []
+    for i, point in enumerate(points(grid) or [{}]):
+        params = [*spec.get("gin_params", []), *extra, *(binding(k, v) for k, v in point.items())]
+        own, scoped = split_params(params)
+        name = f"{spec['name']}-{i:03d}"
+        config = load_pipeline(spec["gin_files"], own, name=name, sweep_name=spec["name"])
+        runs.append((name, label(point), config, scoped))
+    for _name, _text, config, scoped in runs:  # every point gin-checked before anything runs
+        plan(config, scoped)
+    rows = []
+    for name, text, config, scoped in runs:
+        print(f"==== sweep {spec['name']}: {name} {text}", flush=True)
+        if dry:
+            dry_run(config, scoped, force)
+            continue
+        report = run_pipeline(config, scoped, force)
+        uri = track(config, scoped, report)
+        print(summary_table(config, report, uri), flush=True)
+        rows.append((name, text, summary_metrics(report)))
+    if rows:
+        keys = [k for k in rows[0][2] if not k.startswith("wall_s/")]
+        print(f"sweep {spec['name']}: " + " | ".join(["point", "bindings", *keys]))
+        for name, text, metrics in rows:
+            values = [f"{metrics[k]:.3f}" if k in metrics else "-" for k in keys]
+            print(" | ".join([name, text, *values]))
+        experiment = runs[0][2].experiment
+        print(f"compare: mlflow ui --backend-store-uri {uri}  (experiment {experiment!r}, "
+              f"filter tags.recap.sweep = '{spec['name']}')")  # fmt: skip
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from recap.cli import build_parser
+    from recap.errors import one_line
+
+    parser = build_parser("Run Steps 1-4 as one job; finished steps are skipped.")
+    parser.add_argument("--force", action="append", default=[], help="rerun this stage (repeat)")
+    parser.add_argument("--sweep", default=None, help="sweep YAML: one pipeline per grid point")
+    parser.add_argument("--dry_run", action="store_true", help="print the plan, run nothing")
+    args = parser.parse_args(argv)
+    try:
+        if args.sweep:
+            return run_sweep(args.sweep, args.gin_param, args.force, args.dry_run)
+        if not args.gin_file:
+            raise RecapError("--gin_file: give the pipeline's gin file, e.g. demo/pipeline.gin")
+        own, scoped = split_params(args.gin_param)
+        config = load_pipeline(args.gin_file, own)
+        if args.dry_run:
+            dry_run(config, scoped, args.force)
+            return 0
+        report = run_pipeline(config, scoped, args.force)
+        uri = track(config, scoped, report)
+        print(summary_table(config, report, uri), flush=True)
+    except PipelineStepFailed as exc:
+        print(f"error: {one_line(exc)}", file=sys.stderr)
+        return exc.code
+    except RecapError as exc:
+        print(f"error: {one_line(exc)}", file=sys.stderr)
+        return 2
+    return 0

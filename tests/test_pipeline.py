@@ -1,0 +1,208 @@
+"""The one-command pipeline: Steps 1-4 on tiny demo data under 2 real DeepSpeed ranks (CPU),
+skipping finished steps, rerunning only what a changed binding touches, inputs untouched."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from recap.errors import RecapError
+from recap.pipeline import load_pipeline, plan, split_params
+from tests.helpers import REPO, launch_env, tree_hashes
+
+PIPELINE = str(REPO / "scripts" / "pipeline.py")
+STAGES = [
+    "returns",
+    "value",
+    "advantages",
+    "policy",
+    "baseline",
+    "evaluate_policy",
+    "evaluate_baseline",
+]
+
+
+def tiny_params(root: Path) -> list[str]:
+    data = root / "data"
+    return [
+        f'pipeline.run_root = "{root / "runs"}"',
+        f'all/DEMO_DATA = "{data}"',
+        f'all/DEMO_TOKENIZER = "{data / "tokenizer"}"',
+        "value/train.max_steps = 2",
+        "policy/train.max_steps = 2",
+        "baseline/train.max_steps = 2",
+        "evaluate/evaluate_policy.num_episodes = 4",
+        "evaluate/evaluate_policy.batch_size = 4",
+    ]
+
+
+def pipeline(root: Path, *extra: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    params = [a for p in [*tiny_params(root), *extra] for a in ("--gin_param", p)]
+    cmd = [sys.executable, PIPELINE, "--gin_file", "demo/pipeline.gin", *params]
+    done = subprocess.run(
+        cmd, cwd=root, env=launch_env(root), capture_output=True, text=True, timeout=timeout
+    )
+    assert done.returncode == 0, f"pipeline failed:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+    return done
+
+
+def statuses(out: str) -> dict[str, str]:
+    """Stage -> "ran" / "skipped", from the summary table."""
+    table = out[out.index("step ") :].splitlines()[1:]
+    return {line.split()[0]: line.split()[1] for line in table if line.split()[0] in STAGES}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """Tiny demo data, its hashes, then one full pipeline run (2 ranks)."""
+    from recap.data.synthetic import write_demo_datasets, write_demo_tokenizer
+
+    root = tmp_path_factory.mktemp("pipeline")
+    write_demo_datasets(
+        root / "data", sft_episodes=3, rollout_episodes=4, eval_episodes=3, max_steps=30
+    )
+    write_demo_tokenizer(root / "data")
+    before = tree_hashes(root / "data")
+    start = time.perf_counter()
+    first = pipeline(root)
+    return {"root": root, "before": before, "first": first, "wall": time.perf_counter() - start}
+
+
+def test_four_steps_run_and_print_the_summary(tiny):
+    out = tiny["first"].stdout
+    assert statuses(out) == {s: "ran" for s in STAGES}
+    headline = next(line for line in out.splitlines() if line.startswith("pipeline 'demo':"))
+    for words in ("value eval Spearman", "positive fraction 0.300", "policy loss"):
+        assert words in headline
+    assert "baseline success (beta 1)" in headline and "policy success (beta 1)" in headline
+    assert "mlflow ui --backend-store-uri sqlite:///" in out
+    runs = tiny["root"] / "runs"
+    (value_dir,) = (runs / "value").iterdir()
+    assert (value_dir / "model.safetensors").is_file()
+    (policy_dir,) = (runs / "policy").iterdir()
+    record = json.loads((policy_dir / "closed_loop.json").read_text())
+    assert record["num_episodes"] == 4 and set(record["success"]) == {"beta_1", "beta_2"}
+    (adv_dir,) = (runs / "advantages").iterdir()
+    tag = f"adv_{adv_dir.name}"
+    for name in ("sft", "rollout"):
+        assert (tiny["root"] / "data" / name / "meta" / f"advantages_{tag}.parquet").is_file()
+
+
+def test_inputs_are_byte_identical_after_the_pipeline(tiny):
+    after = tree_hashes(tiny["root"] / "data")
+    assert {k: after[k] for k in tiny["before"]} == tiny["before"]
+    added = sorted(set(after) - set(tiny["before"]))
+    assert added  # the sidecars, and only sidecars, were added beside the data
+    for rel in added:
+        name = Path(rel).name
+        assert Path(rel).parent.name == "meta", rel
+        assert name.startswith(("returns", "advantages_adv_", "mixture_config")), rel
+
+
+def test_pipeline_run_is_tracked_in_mlflow(tiny):
+    db = sqlite3.connect(tiny["root"] / "mlflow.db")
+    rows = db.execute(
+        "select m.key, m.value from metrics m join runs r on m.run_uuid = r.run_uuid "
+        "join experiments e on r.experiment_id = e.experiment_id where e.name = 'pipeline'"
+    ).fetchall()
+    metrics = dict(rows)
+    assert metrics["positive_fraction"] == pytest.approx(0.3, abs=0.01)
+    assert "value_eval_spearman" in metrics and "success/policy/beta_1" in metrics
+    params = dict(db.execute("select key, value from params").fetchall())
+    assert params["value/train.max_steps"] == "2"
+
+
+def test_rerun_skips_finished_steps_and_a_changed_binding_reruns_its_dependents(tiny):
+    root = tiny["root"]
+    start = time.perf_counter()
+    again = pipeline(root)
+    assert statuses(again.stdout) == {s: "skipped" for s in STAGES}
+    assert time.perf_counter() - start < tiny["wall"] / 3
+    (old_policy,) = (root / "runs" / "policy").iterdir()
+    changed = pipeline(root, "policy/deepspeed_config.lr = 5e-4")
+    ran = {s for s, status in statuses(changed.stdout).items() if status == "ran"}
+    assert ran == {"policy", "evaluate_policy"}
+    policies = sorted(p.name for p in (root / "runs" / "policy").iterdir())
+    assert len(policies) == 2 and old_policy.name in policies  # the earlier run is kept
+
+
+# ---- planning (no launches) ---------------------------------------------------------------------
+
+
+def fingerprints(tmp_path: Path, *extra: str) -> dict[str, str]:
+    own, scoped = split_params([*tiny_params(tmp_path), *extra])
+    config = load_pipeline(["demo/pipeline.gin"], own)
+    return {name: item.fingerprint for name, item in plan(config, scoped).items()}
+
+
+def test_a_value_binding_changes_value_and_everything_after_it_only(tmp_path):
+    base = fingerprints(tmp_path)
+    assert fingerprints(tmp_path) == base  # deterministic
+    changed = fingerprints(tmp_path, "value/deepspeed_config.lr = 1e-3")
+    differ = {k for k in base if base[k] != changed[k]}
+    assert differ == {"value", "advantages", "policy", "evaluate_policy"}
+    quantile = fingerprints(tmp_path, "advantages/compute_advantages.positive_quantile = 0.5")
+    assert {k for k in base if base[k] != quantile[k]} == {
+        "advantages",
+        "policy",
+        "evaluate_policy",
+    }
+
+
+def test_split_params():
+    own, scoped = split_params(
+        ["pipeline.ranks = 2", "value/train.max_steps = 3", "all/DEMO_DATA = 'x'"]
+    )
+    assert own == ["pipeline.ranks = 2"]
+    assert scoped == {"value": ["train.max_steps = 3"], "all": ["DEMO_DATA = 'x'"]}
+
+
+@pytest.mark.parametrize(
+    "param, message",
+    [
+        ('pipeline.stages = ["policy"]', r"'policy' needs \['advantages'\]"),
+        ('pipeline.launcher = "python"', r"pipeline.ranks: 2; use >= 1 \(exactly 1"),
+        ('pipeline.steps = {"valu": []}', r"unknown step\(s\) \['valu'\]"),
+    ],
+)
+def test_bad_pipeline_config(tmp_path, param, message):
+    with pytest.raises(RecapError, match=message):
+        load_pipeline(["demo/pipeline.gin"], [*split_params(tiny_params(tmp_path))[0], param])
+
+
+def test_bad_step_binding_fails_before_anything_runs(tmp_path, capsys):
+    from recap.pipeline import main
+
+    params = [*tiny_params(tmp_path), "value/train.max_stepz = 3"]
+    code = main(
+        ["--gin_file", "demo/pipeline.gin", *[a for p in params for a in ("--gin_param", p)]]
+    )
+    assert code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: pipeline step value: gin config:") and "max_stepz" in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_sweep_plans_every_point_and_shares_common_steps(tmp_path, capsys):
+    from recap.pipeline import main
+
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(
+        "name: s\ngin_files: [demo/pipeline.gin]\n"
+        'gin_params: [\'pipeline.stages = ["returns", "value", "advantages"]\']\n'
+        "grid:\n  value/deepspeed_config.lr: [1.0e-4, 1.0e-3]\n"
+        "  advantages/compute_advantages.positive_quantile: [0.3, 0.5]\n"
+    )
+    params = [a for p in tiny_params(tmp_path) for a in ("--gin_param", p)]
+    assert main(["--sweep", str(sweep), "--dry_run", *params]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert sum(line.startswith("==== sweep s: s-") for line in lines) == 4
+    value = {line.split()[1] for line in lines if line.startswith("value ")}
+    advantages = {line.split()[1] for line in lines if line.startswith("advantages ")}
+    assert len(value) == 2 and len(advantages) == 4
