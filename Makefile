@@ -20,12 +20,7 @@ $(STAMP): setup.py constraints-cpu.txt
 
 demo: $(STAMP)
 	$(PY) scripts/make_demo_data.py --out $(DEMO_DATA)
-	$(PY) scripts/compute_returns.py --gin_file demo/returns.gin
-	$(VENV)/bin/deepspeed --num_gpus 2 --master_port 29531 scripts/train.py \
-	    --gin_file demo/value.gin
-	$(VENV)/bin/deepspeed --num_gpus 2 --master_port 29532 scripts/compute_advantages.py \
-	    --gin_file demo/advantages.gin
-	$(PY) scripts/relabel.py --gin_file demo/relabel.gin
+	$(PY) scripts/pipeline.py --gin_file demo/pipeline.gin
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests

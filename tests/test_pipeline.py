@@ -206,3 +206,20 @@ def test_sweep_plans_every_point_and_shares_common_steps(tmp_path, capsys):
     value = {line.split()[1] for line in lines if line.startswith("value ")}
     advantages = {line.split()[1] for line in lines if line.startswith("advantages ")}
     assert len(value) == 2 and len(advantages) == 4
+
+
+def test_the_libero_pipeline_plans_with_the_real_sizes(tmp_path, capsys):
+    from recap.pipeline import main
+
+    params = [
+        f'pipeline.run_root = "{tmp_path}"',
+        'all/DATA = "/data/lerobot"',
+        'all/SIGLIP = "/models/siglip2"',
+        'all/GEMMA = "/models/gemma-3-270m"',
+        'all/TOKENIZER = "/models/paligemma_tokenizer.model"',
+    ]
+    args = ["--gin_file", "experiments/libero_pipeline.gin", "--dry_run"]
+    assert main([*args, *[a for p in params for a in ("--gin_param", p)]]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == STAGES[:5]
+    assert all("--num_gpus 8" in line for line in lines[1:])

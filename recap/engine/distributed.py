@@ -54,6 +54,8 @@ def init() -> None:
         category=FutureWarning,
     )
     accelerator.disable_cpu_shm_comm()
+    local = os.environ.get("LOCAL_SIZE") or os.environ.get("LOCAL_WORLD_SIZE") or "1"
+    accelerator.share_cpu_cores(int(local))
     import deepspeed
 
     deepspeed.init_distributed(dist_backend=accelerator.comm_backend(), verbose=False)

@@ -77,3 +77,22 @@ def test_to_device_moves_nested_tensors_and_keeps_the_rest():
 def test_memory_stats_and_synchronize_never_raise():
     accelerator.synchronize()
     assert all(v >= 0 for v in accelerator.memory_stats().values())
+
+
+def test_cpu_ranks_share_the_cores(monkeypatch):
+    import torch
+
+    from recap.engine import accelerator
+
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(accelerator.os, "sched_getaffinity", lambda pid: set(range(8)))
+    before = torch.get_num_threads()
+    try:
+        assert accelerator.share_cpu_cores(2) == 4 and torch.get_num_threads() == 4
+        assert accelerator.share_cpu_cores(16) == 1
+        assert accelerator.share_cpu_cores(1) is None  # one rank keeps torch's default
+        monkeypatch.setenv("OMP_NUM_THREADS", "3")
+        assert accelerator.share_cpu_cores(2) is None  # the user's setting wins
+    finally:
+        torch.set_num_threads(before)
