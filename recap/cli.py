@@ -74,6 +74,10 @@ def run_step(step: Callable[[], object], argv: Sequence[str] | None = None) -> i
     try:
         parse_gin(args.gin_file, args.gin_param)
         step()
+        if "torch.distributed" in sys.modules:  # a step that joined a process group leaves it
+            from recap.engine import distributed
+
+            distributed.shutdown()
     except RecapError as exc:
         print(f"error: {one_line(exc)}", file=sys.stderr)
         sys.exit(2)

@@ -83,6 +83,17 @@ def barrier() -> None:
         torch.distributed.barrier()
 
 
+def shutdown() -> None:
+    """Wait for every rank, then tear the process group down (idempotent).
+
+    Exiting with a live gloo group leaves its threads to the interpreter's exit, where a rank
+    can die with "terminate called without an active exception" (exit 250) after finishing.
+    """
+    if is_initialized():
+        barrier()
+        torch.distributed.destroy_process_group()
+
+
 def all_reduce_sum(values: torch.Tensor) -> torch.Tensor:
     """Sum a tensor over ranks (on the accelerator, as the backend requires); returns a CPU copy.
 
