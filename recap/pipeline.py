@@ -566,21 +566,10 @@ def dry_run(config: PipelineConfig, scoped: dict[str, list[str]], force: Sequenc
 
 def run_sweep(path: str, extra: Sequence[str], force: Sequence[str], dry: bool) -> int:
     """One pipeline per grid point (shared stages run once); prints a comparison table."""
-    import yaml
+    from recap.sweep import binding, label, load_sweep, points
 
-    from recap.cli import resolve_gin_file
-    from recap.sweep import binding, label, points
-
-    resolved = resolve_gin_file(path)
-    spec = yaml.safe_load(Path(resolved).read_text()) or {}
-    unknown = sorted(set(spec) - SWEEP_KEYS)
-    if unknown:
-        raise RecapError(f"{resolved}: unknown field(s) {unknown}; use {sorted(SWEEP_KEYS)}")
-    if not spec.get("name") or not spec.get("gin_files"):
-        raise RecapError(f"{resolved}: 'name' and 'gin_files' (the pipeline gin) are required")
+    spec = load_sweep(path, SWEEP_KEYS)
     grid = spec.get("grid") or {}
-    if not isinstance(grid, dict) or not all(isinstance(v, list) and v for v in grid.values()):
-        raise RecapError(f"{resolved}: 'grid' must map each binding to a non-empty list of values")
     runs = []
     for i, point in enumerate(points(grid) or [{}]):
         params = [*spec.get("gin_params", []), *extra, *(binding(k, v) for k, v in point.items())]

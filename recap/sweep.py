@@ -5,6 +5,29 @@ from __future__ import annotations
 
 import itertools
 import json
+from pathlib import Path
+
+from recap.errors import RecapError
+
+
+def load_sweep(path: str, keys: set[str]) -> dict:
+    """Read and check a sweep file (a path, or a name under ``gin/``) whose fields are ``keys``;
+    errors name the file and the field."""
+    import yaml
+
+    from recap.cli import resolve_gin_file
+
+    resolved = resolve_gin_file(path)
+    spec = yaml.safe_load(Path(resolved).read_text()) or {}
+    unknown = set(spec) - keys
+    if unknown:
+        raise RecapError(f"{resolved}: unknown field(s) {sorted(unknown)}; use {sorted(keys)}")
+    if not spec.get("name") or not spec.get("gin_files"):
+        raise RecapError(f"{resolved}: 'name' and 'gin_files' are required")
+    grid = spec.get("grid") or {}
+    if not isinstance(grid, dict) or not all(isinstance(v, list) and v for v in grid.values()):
+        raise RecapError(f"{resolved}: 'grid' must map each binding to a non-empty list of values")
+    return spec
 
 
 def points(grid: dict[str, list]) -> list[dict]:

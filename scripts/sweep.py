@@ -25,9 +25,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import yaml
-
-from recap.cli import parse_gin, resolve_gin_file
+import recap.sweep
+from recap.cli import parse_gin
 from recap.errors import RecapError
 from recap.sweep import binding as _binding
 from recap.sweep import label as _label
@@ -40,17 +39,7 @@ KEYS = {"name", "gin_files", "gin_params", "launcher", "run_root", "grid"}
 
 def load_sweep(path: str) -> dict:
     """Read and check a sweep file; errors name the file and the field."""
-    resolved = resolve_gin_file(path)
-    spec = yaml.safe_load(Path(resolved).read_text()) or {}
-    unknown = set(spec) - KEYS
-    if unknown:
-        raise RecapError(f"{resolved}: unknown field(s) {sorted(unknown)}; use {sorted(KEYS)}")
-    if not spec.get("name") or not spec.get("gin_files"):
-        raise RecapError(f"{resolved}: 'name' and 'gin_files' are required")
-    grid = spec.get("grid") or {}
-    if not isinstance(grid, dict) or not all(isinstance(v, list) and v for v in grid.values()):
-        raise RecapError(f"{resolved}: 'grid' must map each binding to a non-empty list of values")
-    return spec
+    return recap.sweep.load_sweep(path, KEYS)
 
 
 def _launcher(launcher: str) -> list[str]:

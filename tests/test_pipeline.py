@@ -144,7 +144,7 @@ def fingerprints(tmp_path: Path, *extra: str) -> dict[str, str]:
 def test_a_value_binding_changes_value_and_everything_after_it_only(tmp_path):
     base = fingerprints(tmp_path)
     assert fingerprints(tmp_path) == base  # deterministic
-    changed = fingerprints(tmp_path, "value/deepspeed_config.lr = 1e-3")
+    changed = fingerprints(tmp_path, "value/deepspeed_config.lr = 3e-4")
     differ = {k for k in base if base[k] != changed[k]}
     assert differ == {"value", "advantages", "policy", "evaluate_policy"}
     quantile = fingerprints(tmp_path, "advantages/compute_advantages.positive_quantile = 0.5")
