@@ -39,7 +39,6 @@ import json
 import os
 import re
 import shlex
-import socket
 import subprocess
 import sys
 import time
@@ -269,9 +268,7 @@ def _input_bindings(stage: Stage, planned: dict[str, Planned]) -> list[str]:
     """Bindings pointing a stage at the outputs of the stages it needs."""
     if stage.name == "advantages":
         return [f'compute_advantages.model_path = "{planned["value"].run_dir}"']
-    if stage.name == "policy":
-        return [f'policy_data.advantages_tag = "{_tag(planned["advantages"].fingerprint)}"']
-    if stage.name == "evaluate_policy":
+    if stage.name in ("policy", "evaluate_policy"):
         return [f'policy_data.advantages_tag = "{_tag(planned["advantages"].fingerprint)}"']
     return []
 
@@ -327,14 +324,11 @@ def finished(root: Path, item: Planned) -> dict | None:
     return record
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def command(item: Planned, config: PipelineConfig) -> tuple[list[str], dict[str, str]]:
-    """Argv and environment of one stage."""
+    """Argv and environment of one stage (inherited rank variables dropped; a plain process
+    sets its own up in ``distributed.init``)."""
+    from recap.engine.distributed import free_port
+
     script = str(SCRIPTS / item.stage.script)
     flags = [a for f in item.files for a in ("--gin_file", f)]
     flags += [a for p in item.params for a in ("--gin_param", p)]
@@ -342,10 +336,8 @@ def command(item: Planned, config: PipelineConfig) -> tuple[list[str], dict[str,
     if item.stage.distributed and config.launcher == "deepspeed":
         launcher = Path(sys.executable).parent / "deepspeed"
         argv = [str(launcher) if launcher.exists() else "deepspeed"]
-        argv += ["--num_gpus", str(config.ranks), "--master_port", str(_free_port())]
+        argv += ["--num_gpus", str(config.ranks), "--master_port", str(free_port())]
         return [*argv, script, *flags], env
-    env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
-    env["MASTER_PORT"] = str(_free_port())
     return [sys.executable, script, *flags], env
 
 
@@ -378,28 +370,42 @@ def result_of(item: Planned) -> dict:
     return {k: metrics[k] for k in keys if k in metrics}
 
 
-def run_pipeline(
-    config: PipelineConfig, scoped: dict[str, list[str]], force: Sequence[str] = ()
-) -> dict[str, dict]:
-    """Run (or skip) every stage; returns stage -> {"status", "wall_s", "result", ...}."""
+def decide(
+    config: PipelineConfig, planned: dict[str, Planned], force: Sequence[str]
+) -> dict[str, dict | None]:
+    """Stage -> its marker record when it is skipped, None when it runs: a stage runs when it
+    is forced, not finished, or needs a stage that runs."""
     unknown = sorted(set(force) - set(config.stages))
     if unknown:
         raise RecapError(f"--force: {unknown} are not stages of this pipeline {config.stages}")
-    planned = plan(config, scoped)
+    out: dict[str, dict | None] = {}
+    for name, item in planned.items():
+        stale = name in force or any(out[n] is None for n in item.stage.needs)
+        out[name] = None if stale else finished(config.run_root, item)
+    return out
+
+
+def run_pipeline(
+    config: PipelineConfig,
+    scoped: dict[str, list[str]],
+    force: Sequence[str] = (),
+    planned: dict[str, Planned] | None = None,
+) -> dict[str, dict]:
+    """Run (or skip) every stage; returns stage -> {"status", "wall_s", "result", ...}.
+    ``planned``: ``plan(config, scoped)`` when the caller already has it."""
+    planned = plan(config, scoped) if planned is None else planned
+    skips = decide(config, planned, force)
     root = config.run_root
     (root / MARKERS).mkdir(parents=True, exist_ok=True)
     report: dict[str, dict] = {}
-    rerun: set[str] = set()
     total = len(planned)
     for index, (name, item) in enumerate(planned.items(), start=1):
-        forced = name in force or any(n in rerun for n in item.stage.needs)
-        record = None if forced else finished(root, item)
+        record = skips[name]
         where = item.run_dir if item.run_dir is not None else root
         if record is not None:
             print(f"== [{index}/{total}] {name} ({item.short}): finished before, skipped")
             report[name] = {**record, "status": "skipped"}
             continue
-        rerun.add(name)
         argv, env = command(item, config)
         print(f"== [{index}/{total}] {name} ({item.short}): {shlex.join(argv)}", flush=True)
         if item.run_dir is not None and not item.stage.evaluation:
@@ -550,17 +556,18 @@ def load_pipeline(files: Sequence[str], params: Sequence[str], **overrides) -> P
     return config
 
 
-def dry_run(config: PipelineConfig, scoped: dict[str, list[str]], force: Sequence[str]) -> None:
+def dry_run(
+    config: PipelineConfig,
+    scoped: dict[str, list[str]],
+    force: Sequence[str],
+    planned: dict[str, Planned] | None = None,
+) -> None:
     """Print what would run and what would be skipped."""
-    planned = plan(config, scoped)
-    rerun: set[str] = set()
+    planned = plan(config, scoped) if planned is None else planned
+    skips = decide(config, planned, force)
     for name, item in planned.items():
-        stale = name in force or any(n in rerun for n in item.stage.needs)
-        done = not stale and finished(config.run_root, item) is not None
-        if not done:
-            rerun.add(name)
         argv, _ = command(item, config)
-        status = "skip (finished)" if done else "run"
+        status = "run" if skips[name] is None else "skip (finished)"
         print(f"{name:18s} {item.short}  {status:15s} {shlex.join(argv)}")
 
 
@@ -576,16 +583,15 @@ def run_sweep(path: str, extra: Sequence[str], force: Sequence[str], dry: bool) 
         own, scoped = split_params(params)
         name = f"{spec['name']}-{i:03d}"
         config = load_pipeline(spec["gin_files"], own, name=name, sweep_name=spec["name"])
-        runs.append((name, label(point), config, scoped))
-    for _name, _text, config, scoped in runs:  # every point gin-checked before anything runs
-        plan(config, scoped)
+        # every point is planned (so gin-checked) before anything runs
+        runs.append((name, label(point), config, scoped, plan(config, scoped)))
     rows = []
-    for name, text, config, scoped in runs:
+    for name, text, config, scoped, planned in runs:
         print(f"==== sweep {spec['name']}: {name} {text}", flush=True)
         if dry:
-            dry_run(config, scoped, force)
+            dry_run(config, scoped, force, planned)
             continue
-        report = run_pipeline(config, scoped, force)
+        report = run_pipeline(config, scoped, force, planned)
         uri = track(config, scoped, report)
         print(summary_table(config, report, uri), flush=True)
         rows.append((name, text, summary_metrics(report)))

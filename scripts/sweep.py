@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import recap.sweep
 from recap.cli import parse_gin
+from recap.engine.distributed import free_port
 from recap.errors import RecapError
 from recap.sweep import binding as _binding
 from recap.sweep import label as _label
@@ -47,9 +47,7 @@ def _launcher(launcher: str) -> list[str]:
     if words[0] in ("python", "python3"):
         return [sys.executable, *words[1:]]
     if Path(words[0]).name == "deepspeed" and "--master_port" not in words:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            words += ["--master_port", str(sock.getsockname()[1])]
+        words += ["--master_port", str(free_port())]
     return words
 
 

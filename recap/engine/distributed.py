@@ -20,7 +20,8 @@ from recap.engine import accelerator
 from recap.errors import RecapError
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on this host now (for MASTER_PORT / ``deepspeed --master_port``)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -35,7 +36,7 @@ def ensure_env() -> None:
         os.environ.setdefault("WORLD_SIZE", "1")
         os.environ.setdefault("LOCAL_RANK", "0")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
 
 
 def env_world_size() -> int:

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from recap.engine.distributed import free_port
 from tests.helpers import REPO, launch_env
 
 PY = sys.executable
@@ -30,12 +30,6 @@ COMMON = [
     "train.save_every = 4",
     "train_data/toy_data.num_examples = 128",
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 run_env = launch_env

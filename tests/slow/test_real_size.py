@@ -11,7 +11,6 @@ import contextlib
 import gc
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -21,6 +20,8 @@ from pathlib import Path
 import gin
 import pytest
 import torch
+
+from recap.engine.distributed import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 DEEPSPEED = str(Path(sys.executable).with_name("deepspeed"))
@@ -57,12 +58,6 @@ class PeakRSS:
         self._stop.set()
         self._thread.join()
         self.peak = max(self.peak, self._rss())
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @contextlib.contextmanager

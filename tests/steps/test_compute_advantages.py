@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import io
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -29,6 +28,7 @@ from recap.data.specs import parse_dataset_specs
 from recap.data.synthetic import write_demo_datasets, write_demo_tokenizer
 from recap.data.transforms import load_tokenizer
 from recap.engine.checkpointing import save_exported
+from recap.engine.distributed import free_port
 from recap.engine.inference import merge_shards, shard_positions, worker_order
 from recap.errors import RecapError
 from recap.models.value import value_model
@@ -110,9 +110,7 @@ def _files(root: Path, tag: str) -> dict[str, bytes]:
 
 def test_two_ranks_write_the_same_bytes_as_one_rank(demo):
     root = demo["root"]
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     params = [
         f'compute_advantages.data_root = "{root}"',
         'compute_advantages.tag = "two"',

@@ -6,7 +6,6 @@ closed-loop evaluation step."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ import recap.steps.train  # noqa: F401  (registers the train step and the policy
 from recap.cli import parse_gin
 from recap.data.policy_data import policy_data
 from recap.data.synthetic import write_demo_datasets, write_demo_tokenizer
+from recap.engine.distributed import free_port
 from recap.engine.inference import load_exported
 from recap.models.pi05 import frames_to_images, pi05_policy
 from recap.steps.evaluate_policy import PolicyAdapter, evaluate_policy
@@ -28,12 +28,6 @@ from tests.helpers import REPO, launch_env
 
 STEPS = 24
 DEEPSPEED = str(Path(sys.executable).with_name("deepspeed"))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
