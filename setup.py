@@ -5,7 +5,7 @@ from setuptools import find_packages, setup
 setup(
     name="recap",
     version="0.1.0",
-    description="RECAP offline RL for vision-language-action policies on Ascend NPUs, GPUs and CPUs",
+    description="RECAP offline RL for vision-language-action policies on Ascend NPUs, GPUs, CPUs",
     long_description=Path(__file__).with_name("README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["recap", "recap.*"]),

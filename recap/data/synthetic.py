@@ -7,8 +7,11 @@ clipped to [-1, 1], move the agent by ``max_speed`` times that; the episode succ
 is within ``success_radius`` of the named target and ends then or after ``max_steps`` steps.
 
 Observation (like LIBERO): ``images`` {"image": uint8[64, 64, 3] of the whole square,
-"wrist_image": uint8[64, 64, 3] zoomed on the agent}, ``state`` float32[8] = (x, y, vx, vy, 0...)
-with v the last applied action, ``task`` str. Actions are float32[7] = (dx, dy, 0...).
+"wrist_image": uint8[64, 64, 3] zoomed on the agent}, both showing the agent's path so far as
+grey dots, brighter the more recent (as a robot scene keeps the marks of what was done: one frame
+shows how the episode is going, not only where the agent is), ``state`` float32[8] =
+(x, y, vx, vy, 0...) with v the last applied action, ``task`` str. Actions are float32[7] =
+(dx, dy, 0...).
 
 Scripted policies see only the observation (they locate the targets by colour in the base image),
 so :func:`evaluate` runs them, or any learned policy, in closed loop.
@@ -65,6 +68,7 @@ class ReachConfig:
     agent_radius: float = 0.035
     target_radius: float = 0.055
     grid: float = 0.125  # floor grid spacing, so the wrist camera sees motion
+    trail_radius: float = 0.012  # the agent's past positions, drawn as grey dots (0: none)
 
 
 @dataclass
@@ -94,8 +98,13 @@ def render(
     agent: np.ndarray,
     targets: Mapping[str, np.ndarray],
     config: ReachConfig = ReachConfig(),
+    trail: np.ndarray | None = None,
 ) -> np.ndarray:
-    """uint8[S, S, 3] picture of the ``view`` x ``view`` world square centred at ``center``."""
+    """uint8[S, S, 3] picture of the ``view`` x ``view`` world square centred at ``center``.
+
+    ``trail`` float[K, 2]: past agent positions, oldest first, drawn as grey dots under the
+    discs (grey 80 for the oldest up to 200 for the newest; never taken for a target colour).
+    """
     size = config.image_size
     offsets = (np.arange(size) + 0.5) * (view / size) - view / 2
     x, y = (center[0] + offsets)[None, :], (center[1] + offsets)[:, None]
@@ -106,6 +115,13 @@ def render(
     grid = ((x % config.grid) < line) | ((y % config.grid) < line)
     image[inside & ~grid] = FLOOR_RGB
     image[inside & grid] = GRID_RGB
+    if trail is not None and len(trail) and config.trail_radius > 0:
+        trail = np.asarray(trail, np.float64)
+        gaps = (x[None] - trail[:, 0, None, None]) ** 2 + (y[None] - trail[:, 1, None, None]) ** 2
+        near = gaps <= config.trail_radius**2  # [K, S, S]
+        newest = np.where(near.any(0), len(trail) - 1 - np.argmax(near[::-1], axis=0), -1)
+        shade = np.linspace(80, 200, len(trail)) if len(trail) > 1 else np.array([200.0])
+        image[newest >= 0] = shade[newest[newest >= 0]].astype(np.uint8)[:, None]
     for color, pos in targets.items():
         image[(x - pos[0]) ** 2 + (y - pos[1]) ** 2 <= config.target_radius**2] = COLORS[color]
     image[(x - agent[0]) ** 2 + (y - agent[1]) ** 2 <= config.agent_radius**2] = AGENT_RGB
@@ -129,6 +145,7 @@ class ReachEnv:
         self.layout = layout if layout is not None else sample_layout(self.rng, self.config)
         self.agent = np.array(self.layout.agent, np.float64)
         self.velocity = np.zeros(2)
+        self.path: list[np.ndarray] = []  # positions before the current one, oldest first
         self.steps, self.done, self.success = 0, False, False
         return self.observe()
 
@@ -137,10 +154,11 @@ class ReachEnv:
         cfg, targets = self.config, self.layout.targets
         state = np.zeros(STATE_DIM, np.float32)
         state[:4] = (*self.agent, *self.velocity)
+        trail = np.array(self.path).reshape(-1, 2)
         return {
             "images": {
-                "image": render(np.array([0.5, 0.5]), 1.0, self.agent, targets, cfg),
-                "wrist_image": render(self.agent, cfg.wrist_view, self.agent, targets, cfg),
+                "image": render(np.array([0.5, 0.5]), 1.0, self.agent, targets, cfg, trail),
+                "wrist_image": render(self.agent, cfg.wrist_view, self.agent, targets, cfg, trail),
             },
             "state": state,
             "task": task_text(self.layout.color),
@@ -152,6 +170,7 @@ class ReachEnv:
             raise RuntimeError("ReachEnv.step: call reset() first (the episode is over)")
         cfg = self.config
         self.velocity = np.clip(np.asarray(action, np.float64)[:2], -1.0, 1.0)
+        self.path.append(self.agent)
         self.agent = np.clip(self.agent + cfg.max_speed * self.velocity, 0.0, 1.0)
         self.steps += 1
         gap = np.linalg.norm(self.agent - self.layout.targets[self.layout.color])
@@ -294,8 +313,8 @@ def stack_observations(observations: list[Observation]) -> Observation:
 PolicyMix = tuple[tuple[str, float, dict[str, float] | None], ...]
 EXPERT_MIX: PolicyMix = (("expert", 1.0, {"noise": 0.1}),)
 ROLLOUT_MIX: PolicyMix = (
-    ("noisy", 0.30, {"noise": 1.5}),
-    ("confused", 0.40, {"confusion": 1.0, "recover_prob": 0.03, "noise": 0.2}),
+    ("noisy", 0.40, {"noise": 0.5}),
+    ("confused", 0.30, {"confusion": 1.0, "noise": 0.2}),  # heads for the wrong target
     ("random", 0.30, None),
 )
 
@@ -387,8 +406,8 @@ def write_demo_datasets(
     root: str | Path,
     seed: int = 0,
     sft_episodes: int = 30,
-    rollout_episodes: int = 60,
-    eval_episodes: int = 20,
+    rollout_episodes: int = 300,
+    eval_episodes: int = 60,
     max_steps: int = 40,
     max_frames_per_file: int = 500,
     force: bool = False,

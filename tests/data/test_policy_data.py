@@ -82,9 +82,9 @@ def test_prompts_per_mode_follow_the_seeded_dropout(data, mode, prob):
     np.testing.assert_array_equal(with_text, expected)
     np.testing.assert_array_equal(positive, expected & ds.labels)
     np.testing.assert_array_equal(negative, expected & ~ds.labels)
-    # demo seed 0 (3 sft + 4 rollout episodes, 130 frames, 39 positive), dropout seed 3
-    counts = {"paper": (23, 55), "positive_only_conditional": (37, 0)}
-    assert (n, int(ds.labels.sum())) == (130, 39)
+    # demo seed 0 (3 sft + 4 rollout episodes, 155 frames, 47 positive), dropout seed 3
+    counts = {"paper": (32, 66), "positive_only_conditional": (43, 0)}
+    assert (n, int(ds.labels.sum())) == (155, 47)
     assert (int(positive.sum()), int(negative.sum())) == counts[mode]
     # epoch-free: the same item gets the same prompt in any batch, in a rebuilt dataset too
     again = dataset(data, mode, seed=3)

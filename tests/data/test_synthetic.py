@@ -101,6 +101,29 @@ def test_observation_layout_and_dynamics():
         env.step(np.zeros(7))
 
 
+def test_trail_shows_the_path_brighter_when_recent():
+    env = ReachEnv(seed=2)
+    obs = env.reset()
+    base = obs["images"]["image"]
+    assert not (base == 80).all(-1).any() and not (base == 200).all(-1).any()  # no trail yet
+    for _ in range(3):
+        obs, _, _ = env.step(np.array([1.0, 0.0]))  # 0.04 to the right per step
+    image = obs["images"]["image"]
+    first, last = env.path[0], env.path[-1]
+    col, row = (np.asarray(first) * 64).astype(int), (np.asarray(last) * 64).astype(int)
+    assert (image[col[1], col[0]] == 80).all()  # the oldest dot: grey 80
+    assert (image[row[1], row[0]] == 200).all()  # the newest: grey 200
+    shades = {int(v) for v in np.unique(image[(image[..., 0] == image[..., 1])][:, 0])}
+    assert {80, 140, 200} <= shades  # three dots, linearly brighter
+    for color, pos in env.layout.targets.items():  # the trail never reads as a target
+        assert np.abs(locate_target(image, color) - pos).max() < 1 / 64
+    plain = ReachEnv(seed=2, config=ReachConfig(trail_radius=0.0))
+    obs = plain.reset()
+    for _ in range(3):
+        obs, _, _ = plain.step(np.array([1.0, 0.0]))
+    assert not np.isin(obs["images"]["image"], [80, 140, 200]).all(-1).any()
+
+
 def test_locate_target_within_a_pixel():
     env = ReachEnv(seed=5)
     for _ in range(10):
