@@ -341,15 +341,20 @@ def command(item: Planned, config: PipelineConfig) -> tuple[list[str], dict[str,
     return [sys.executable, script, *flags], env
 
 
-def _last_metrics(run_dir: Path) -> dict[str, float]:
-    """The last value of every metric in ``metrics.jsonl``."""
+def _last_metrics(run_dir: Path) -> tuple[dict[str, float], dict[str, float]]:
+    """(the last value of every metric in ``metrics.jsonl``, the metrics logged at step 0)."""
     out: dict[str, float] = {}
+    first: dict[str, float] = {}
     path = run_dir / "metrics.jsonl"
     if path.is_file():
         for line in path.read_text().splitlines():
             if line.strip():
-                out.update({k: v for k, v in json.loads(line).items() if k != "step"})
-    return out
+                record = json.loads(line)
+                values = {k: v for k, v in record.items() if k != "step"}
+                out.update(values)
+                if record.get("step") == 0:
+                    first.update(values)
+    return out, first
 
 
 def result_of(item: Planned) -> dict:
@@ -365,9 +370,12 @@ def result_of(item: Planned) -> dict:
     if item.stage.evaluation:
         record = json.loads((item.run_dir / "closed_loop.json").read_text())
         return {"success": record["success"], "num_episodes": record["num_episodes"]}
-    metrics = _last_metrics(item.run_dir)
+    metrics, untrained = _last_metrics(item.run_dir)
     keys = ("train/loss", "eval/loss", "eval/value_spearman", "eval/value_mae")
-    return {k: metrics[k] for k in keys if k in metrics}
+    out = {k: metrics[k] for k in keys if k in metrics}
+    if "eval/value_spearman" in untrained:  # the same eval before the first step
+        out["eval/value_spearman_untrained"] = untrained["eval/value_spearman"]
+    return out
 
 
 def decide(
@@ -457,6 +465,8 @@ def summary_metrics(report: dict[str, dict]) -> dict[str, float]:
         result = entry.get("result", {})
         if name == "value" and "eval/value_spearman" in result:
             out["value_eval_spearman"] = float(result["eval/value_spearman"])
+        if name == "value" and "eval/value_spearman_untrained" in result:
+            out["value_eval_spearman_untrained"] = float(result["eval/value_spearman_untrained"])
         if name == "advantages":
             out["positive_fraction"] = float(result["positive_fraction"])
         if name in ("policy", "baseline") and "train/loss" in result:
@@ -478,6 +488,8 @@ def _describe(name: str, result: dict) -> str:
     parts = []
     if "eval/value_spearman" in result:
         parts.append(f"eval Spearman {result['eval/value_spearman']:.3f}")
+    if "eval/value_spearman_untrained" in result:
+        parts.append(f"untrained {result['eval/value_spearman_untrained']:.3f}")
     if "train/loss" in result:
         parts.append(f"train loss {result['train/loss']:.4g}")
     if "eval/loss" in result:
@@ -506,7 +518,10 @@ def _headline(report: dict[str, dict]) -> list[tuple[str, str]]:
     metrics = summary_metrics(report)
     out = []
     if "value_eval_spearman" in metrics:
-        out.append(("value eval Spearman", f"{metrics['value_eval_spearman']:.3f}"))
+        spearman = f"{metrics['value_eval_spearman']:.3f}"
+        if "value_eval_spearman_untrained" in metrics:
+            spearman += f" (untrained {metrics['value_eval_spearman_untrained']:.3f})"
+        out.append(("value eval Spearman", spearman))
     if "positive_fraction" in metrics:
         out.append(("positive fraction", f"{metrics['positive_fraction']:.3f}"))
     if "policy_train_loss" in metrics:

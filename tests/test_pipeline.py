@@ -78,8 +78,10 @@ def test_four_steps_run_and_print_the_summary(tiny):
     out = tiny["first"].stdout
     assert statuses(out) == {s: "ran" for s in STAGES}
     headline = next(line for line in out.splitlines() if line.startswith("pipeline 'demo':"))
-    for words in ("value eval Spearman", "positive fraction 0.300", "policy loss"):
+    for words in ("value eval Spearman", "(untrained ", "positive fraction", "policy loss"):
         assert words in headline
+    fraction = float(headline.split("positive fraction ")[1].split(",")[0])
+    assert fraction == pytest.approx(0.3, abs=0.01)  # quantile 0.3; ties at the threshold count
     assert "baseline success (beta 1)" in headline and "policy success (beta 1)" in headline
     assert "mlflow ui --backend-store-uri sqlite:///" in out
     runs = tiny["root"] / "runs"

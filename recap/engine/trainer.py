@@ -244,6 +244,8 @@ class Trainer:
             disable=not distributed.is_main(),
             dynamic_ncols=True,
         )
+        if start == 0 and self.opts.eval_every > 0:
+            self.maybe_evaluate(0)  # the untrained model: what training is measured against
         for step in progress:
             self.train_step(step, batches)
             if step == start + 1:

@@ -62,6 +62,11 @@ def test_training_logs_the_spec_metrics(run):
                 "eval/loss", "eval/value_spearman"):  # fmt: skip
         assert key in last, key
     assert 3.0 < run["metrics"][1]["train/loss"] < 6.5  # about ln 201 = 5.3 untrained
+    # the untrained model is evaluated before the first step: what training is measured against
+    untrained = run["metrics"][0]
+    assert "eval/value_spearman" in untrained and "train/loss" not in untrained
+    assert untrained["eval/predicted_value_std"] < 0.01  # SPEC: an untrained model's std ~0.01
+    assert untrained["eval/target_value_std"] == last["eval/target_value_std"]
     # warmup 30 steps, f(s) = (s + 1) / 30 for 0-based s; logged after the scheduler stepped
     assert last["lr/head"] == pytest.approx(1e-3 * (STEPS + 1) / 30)
 
