@@ -21,7 +21,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", required=True, help="folder to hold sft/, rollout/, eval/")
     parser.add_argument("--seed", type=int, default=0, help="one seed fixes every byte written")
     parser.add_argument("--force", action="store_true", help="rewrite datasets that exist")
-    parser.add_argument("--sft-episodes", type=int, default=30)
+    parser.add_argument("--sft-episodes", type=int, default=300)
     parser.add_argument("--rollout-episodes", type=int, default=300)
     parser.add_argument("--eval-episodes", type=int, default=60)
     parser.add_argument("--max-steps", type=int, default=40, help="episode time limit (frames)")

@@ -58,15 +58,15 @@ class ReachConfig:
     """Task constants, in world units (the square is 1 x 1) unless said otherwise."""
 
     image_size: int = 64  # pixels, both cameras
-    wrist_view: float = 0.35  # side of the square the wrist camera sees
+    wrist_view: float = 1.0  # side of the square the wrist camera sees
     max_steps: int = 40
     fps: int = 10
     max_speed: float = 0.04  # displacement per step at |action| = 1
     success_radius: float = 0.05
     min_separation: float = 0.25
     margin: float = 0.1  # objects start in [margin, 1 - margin]^2
-    agent_radius: float = 0.035
-    target_radius: float = 0.055
+    agent_radius: float = 0.05
+    target_radius: float = 0.1
     grid: float = 0.125  # floor grid spacing, so the wrist camera sees motion
     trail_radius: float = 0.012  # the agent's past positions, drawn as grey dots (0: none)
 
@@ -405,7 +405,7 @@ def demo_datasets(fps: int = 10, max_frames_per_file: int = 500) -> tuple[DemoDa
 def write_demo_datasets(
     root: str | Path,
     seed: int = 0,
-    sft_episodes: int = 30,
+    sft_episodes: int = 300,
     rollout_episodes: int = 300,
     eval_episodes: int = 60,
     max_steps: int = 40,
