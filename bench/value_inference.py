@@ -42,7 +42,7 @@ ENTRIES = [{"name": "sft", "root": "sft", "type": "sft"},
 def demo_data(root: Path) -> ValueDataset:
     """The demo's sft (30 episodes) + rollout (60) datasets with returns, as Step 3 reads them."""
     if not (root / "rollout" / "meta" / "returns.parquet").is_file():
-        write_demo_datasets(root, rollout_episodes=60, eval_episodes=1)
+        write_demo_datasets(root, sft_episodes=30, rollout_episodes=60, eval_episodes=1)
         write_demo_tokenizer(root)
         compute_returns(datasets=ENTRIES, data_root=str(root))
     specs = parse_dataset_specs(ENTRIES, root)

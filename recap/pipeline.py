@@ -341,7 +341,7 @@ def command(item: Planned, config: PipelineConfig) -> tuple[list[str], dict[str,
     return [sys.executable, script, *flags], env
 
 
-def _last_metrics(run_dir: Path) -> tuple[dict[str, float], dict[str, float]]:
+def _run_metrics(run_dir: Path) -> tuple[dict[str, float], dict[str, float]]:
     """(the last value of every metric in ``metrics.jsonl``, the metrics logged at step 0)."""
     out: dict[str, float] = {}
     first: dict[str, float] = {}
@@ -370,7 +370,7 @@ def result_of(item: Planned) -> dict:
     if item.stage.evaluation:
         record = json.loads((item.run_dir / "closed_loop.json").read_text())
         return {"success": record["success"], "num_episodes": record["num_episodes"]}
-    metrics, untrained = _last_metrics(item.run_dir)
+    metrics, untrained = _run_metrics(item.run_dir)
     keys = ("train/loss", "eval/loss", "eval/value_spearman", "eval/value_mae")
     out = {k: metrics[k] for k in keys if k in metrics}
     if "eval/value_spearman" in untrained:  # the same eval before the first step
