@@ -1,4 +1,4 @@
-"""Shared test helpers: locating the LeRobot-written fixtures, hashing dataset trees."""
+"""Shared test helpers: the LeRobot-written fixtures (tests/fixtures/lerobot), hashing dataset trees."""
 
 from __future__ import annotations
 
@@ -7,17 +7,15 @@ import os
 import shutil
 from pathlib import Path
 
-import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-FIXTURES = REPO.parent / "shared" / "fixtures"
+FIXTURES = REPO / "tests" / "fixtures" / "lerobot"  # written by the real LeRobot library
 FIXTURE_NAMES = ("libero_like_v30_images", "libero_like_v30_video", "rlinf_like_v21_video")
 
 
 def fixture_dir(name: str) -> Path:
     path = FIXTURES / name
-    if not path.is_dir():
-        pytest.skip(f"LeRobot fixtures not found at {FIXTURES} (expected shared/ beside the repo)")
+    assert path.is_dir(), f"LeRobot fixture {name} missing from {FIXTURES}"
     return path
 
 

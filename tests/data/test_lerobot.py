@@ -1,4 +1,4 @@
-"""LocalDataset against datasets written by the real LeRobot library (shared/fixtures)."""
+"""LocalDataset against datasets written by the real LeRobot library (tests/fixtures/lerobot)."""
 
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ from recap.data.lerobot import (
     detect_key_map,
 )
 from recap.errors import DatasetError
+from tests.helpers import FIXTURES
 
-FIXTURES = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures"
 NAMES = ("libero_like_v30_images", "libero_like_v30_video", "rlinf_like_v21_video")
 LIBERO_TASKS = {0: "put the black bowl on the plate", 1: "open the top drawer of the cabinet"}
 EXPECTED = {
@@ -50,8 +50,6 @@ V21 = "rlinf_like_v21_video"
 
 
 def fixture_path(name: str) -> Path:
-    if not FIXTURES.is_dir():
-        pytest.skip(f"LeRobot fixtures not found at {FIXTURES} (a shared/ folder beside the clone)")
     return FIXTURES / name
 
 
