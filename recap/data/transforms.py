@@ -49,11 +49,79 @@ def build_prompt(task: str) -> str:
     return f"Task: {clean_task(task)}."
 
 
+class SentencePieceTokenizer:
+    """A SentencePiece ``.model`` file (PaliGemma's ``paligemma_tokenizer.model``) behind the
+    part of the Hugging Face tokenizer interface recap uses: ``bos_token_id``, ``pad_token_id``,
+    ``eos_token_id``, ``unk_token_id``, ``len()`` and ``tokenizer(texts,
+    add_special_tokens=...)["input_ids"]`` (special tokens: BOS first, as Gemma's).
+
+    An adapter over ``sentencepiece.SentencePieceProcessor`` rather than a transformers
+    tokenizer converted from the file: openpi encodes π0.5 prompts with SentencePiece itself, so
+    the ids are openpi's by construction, while a converted tokenizer re-implements the model
+    (normalization, whitespace and byte-fallback rules) and could differ on some text.
+    Pickles as the model's bytes (DataLoader workers)."""
+
+    def __init__(self, path: str | os.PathLike, model_proto: bytes | None = None):
+        import sentencepiece
+
+        self.path = Path(path)
+        if model_proto is None:
+            if not self.path.is_file():
+                raise RecapError(f"{self.path}: tokenizer file not found; pass the local "
+                                 "PaliGemma SentencePiece file (paligemma_tokenizer.model) or a "
+                                 "model directory with tokenizer files")  # fmt: skip
+            model_proto = self.path.read_bytes()
+        processor = sentencepiece.SentencePieceProcessor()
+        try:
+            processor.LoadFromSerializedProto(model_proto)
+        except (RuntimeError, OSError, ValueError) as exc:
+            raise RecapError(f"{self.path}: not a SentencePiece model file ({type(exc).__name__});"
+                             " pass PaliGemma's paligemma_tokenizer.model") from exc  # fmt: skip
+        self.processor, self._proto = processor, model_proto
+
+        def special(index: int) -> int | None:
+            return index if index >= 0 else None
+
+        self.bos_token_id = special(processor.bos_id())
+        self.eos_token_id = special(processor.eos_id())
+        self.pad_token_id = special(processor.pad_id())
+        self.unk_token_id = special(processor.unk_id())
+
+    def __len__(self) -> int:
+        return int(self.processor.vocab_size())
+
+    def __call__(
+        self, texts: str | Sequence[str], add_special_tokens: bool = True
+    ) -> dict[str, list]:
+        """``{"input_ids": ids}``: a list of ids per text (one list for a single string)."""
+        single = isinstance(texts, str)
+        batch = [texts] if single else list(texts)
+        ids = self.processor.encode(batch, add_bos=add_special_tokens and self.bos_token_id
+                                    is not None)  # fmt: skip
+        return {"input_ids": ids[0] if single else ids}
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.processor.decode(list(ids))
+
+    def __getstate__(self) -> dict:
+        return {"path": str(self.path), "model_proto": self._proto}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["path"], state["model_proto"])
+
+    def __repr__(self) -> str:
+        return f"SentencePieceTokenizer({str(self.path)!r}, vocab={len(self)})"
+
+
 def load_tokenizer(path: str | os.PathLike):
-    """The tokenizer saved in a local model directory (never the network)."""
+    """The tokenizer of a local model directory (``AutoTokenizer``, never the network), or of a
+    SentencePiece ``.model`` file (``SentencePieceTokenizer``, e.g. PaliGemma's
+    ``paligemma_tokenizer.model``)."""
+    path = Path(path)
+    if path.is_file() or (path.suffix == ".model" and not path.is_dir()):
+        return SentencePieceTokenizer(path)
     from transformers import AutoTokenizer
 
-    path = Path(path)
     names = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
     if not any((path / n).is_file() for n in names):
         raise RecapError(

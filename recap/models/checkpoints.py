@@ -18,7 +18,8 @@ LeRobot (``PI05Policy``) stores the same keys under ``model.``. Anything else mi
 unexpected is a one-line ``RecapError`` naming the first keys and the count. Saving mirrors the
 files: the embedding under ``lm_head`` and a zero expert head, so openpi's strict
 ``safetensors.torch.load_model`` and LeRobot's strict load accept them; ``recap_pi05.json`` keeps
-the exact ``Pi05Config`` and ``config.json`` the fields openpi/LeRobot read.
+the exact ``Pi05Config`` and ``config.json`` the fields openpi/LeRobot read. openpi's training
+checkpoints (``<step>/model.safetensors``, no config file) load with the caller's sizes.
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def load_strict(
 ) -> None:
     """``model.load_state_dict(state)`` after checking names and shapes: any missing or
     unexpected key or shape mismatch is one ``RecapError`` line naming ``source`` and keys."""
-    expected = model.state_dict()
+    expected = model.state_dict(keep_vars=True)  # parameters keep their ZeRO-3 ds_shape
     missing = [k for k in expected if k not in state]
     unexpected = [k for k in state if k not in expected]
     if missing or unexpected:
@@ -100,30 +101,50 @@ def load_strict(
             f"{source}: {'; '.join(parts)} for the {layout} layout; use a π0.5 checkpoint whose "
             "sizes match the config (recap_pi05.json / config.json) or pass the right layout"
         )
-    bad = [k for k in expected if tuple(state[k].shape) != tuple(expected[k].shape)]
+    bad = [k for k in expected if tuple(state[k].shape) != _shape(expected[k])]
     if bad:
         k = bad[0]
         raise RecapError(
             f"{source}: {len(bad)} keys differ in shape, first {file_key(k, layout)}: "
-            f"{tuple(state[k].shape)} in the file, {tuple(expected[k].shape)} in the model; "
+            f"{tuple(state[k].shape)} in the file, {_shape(expected[k])} in the model; "
             "fix the config sizes to match the checkpoint"
         )
-    model.load_state_dict(state, strict=True)
+    if partitioned(model):
+        model.pending_state = state  # the engine loads it into the partitions
+    else:
+        model.load_state_dict(state, strict=True)
+
+
+def _shape(tensor: torch.Tensor) -> tuple[int, ...]:
+    """The full shape of a tensor, also of a ZeRO-3 partitioned parameter (``ds_shape``)."""
+    return tuple(getattr(tensor, "ds_shape", tensor.shape))
+
+
+def partitioned(model: torch.nn.Module) -> bool:
+    """Whether the model was built partitioned (ZeRO-3 construction: parameters hold only
+    this rank's slice). Its checked state is then left in ``model.pending_state`` for the
+    engine, which loads it into the partitions (``engine.checkpointing.load_pending``)."""
+    return any(hasattr(p, "ds_id") for p in model.parameters())
 
 
 def read_config(directory: str | os.PathLike, **overrides) -> Pi05Config:
     """The config of a checkpoint directory: ``recap_pi05.json`` (exact), else the openpi /
-    LeRobot ``config.json`` variants (``gemma_2b`` + ``gemma_300m``, horizon and action dim);
-    ``overrides`` replace fields (e.g. ``action_horizon``, ``attn_implementation``)."""
+    LeRobot ``config.json`` variants (``gemma_2b`` + ``gemma_300m``, horizon and action dim),
+    else, for an openpi training checkpoint (``<step>/model.safetensors`` and no config file,
+    as ``scripts/train_pytorch.py`` writes it), ``Pi05Config(**overrides)``: the caller's sizes
+    (gin ``pi05_policy.*``), the real ones by default. ``overrides`` replace fields (e.g.
+    ``action_horizon``, ``attn_implementation``)."""
     path = Path(directory)
     if (path / RECAP_CONFIG_FILE).is_file():
         fields = json.loads((path / RECAP_CONFIG_FILE).read_text())
         known = {f.name for f in dataclasses.fields(Pi05Config)}
         return Pi05Config(**{k: v for k, v in fields.items() if k in known} | overrides)
     if not (path / CONFIG_FILE).is_file():
+        if (path / WEIGHTS_FILE).is_file():  # an openpi training checkpoint
+            return Pi05Config(**overrides)
         raise RecapError(
-            f"{path}: no {RECAP_CONFIG_FILE} or {CONFIG_FILE}; point it at an openpi / LeRobot "
-            "π0.5 checkpoint directory or pass a Pi05Config"
+            f"{path}: no {RECAP_CONFIG_FILE}, {CONFIG_FILE} or {WEIGHTS_FILE}{_steps_hint(path)}; "
+            "point it at an openpi / LeRobot π0.5 checkpoint directory or pass a Pi05Config"
         )
     raw = json.loads((path / CONFIG_FILE).read_text())
     variants = (raw.get("paligemma_variant"), raw.get("action_expert_variant"))
@@ -143,6 +164,14 @@ def read_config(directory: str | os.PathLike, **overrides) -> Pi05Config:
     return config
 
 
+def _steps_hint(path: Path) -> str:
+    """`` (it holds training steps 1000, 2000: pass one of them)`` for an openpi training run
+    directory (``<step>/model.safetensors``), else ``""``."""
+    steps = [p.parent.name for p in path.glob(f"*/{WEIGHTS_FILE}")]
+    steps.sort(key=lambda n: (int(n), n) if n.isdigit() else (-1, n))
+    return f" (it holds training steps {', '.join(steps)}: pass one of them)" if steps else ""
+
+
 def load_pi05(
     directory: str | os.PathLike,
     config: Pi05Config | None = None,
@@ -150,13 +179,15 @@ def load_pi05(
     dtype: torch.dtype = torch.float32,
     **overrides,
 ) -> Pi05Policy:
-    """A policy from a local openpi / LeRobot / ``save_pi05`` directory (layout detected from the
-    keys unless given), weights cast to ``dtype``; strict (``load_strict``)."""
+    """A policy from a local openpi / LeRobot / ``save_pi05`` directory or an openpi training
+    checkpoint step directory (sizes from ``overrides`` then, see ``read_config``); layout
+    detected from the keys unless given, weights cast to ``dtype``; strict (``load_strict``)."""
     path = Path(directory)
     weights = path / WEIGHTS_FILE
     if not weights.is_file():
-        raise RecapError(f"{weights}: file not found; point it at a local π0.5 checkpoint "
-                         "directory holding model.safetensors (openpi or LeRobot)")  # fmt: skip
+        raise RecapError(f"{weights}: file not found{_steps_hint(path)}; point it at a local "
+                         "π0.5 checkpoint directory holding model.safetensors (openpi or "
+                         "LeRobot)")  # fmt: skip
     config = config or read_config(path, **overrides)
     state = load_file(str(weights))
     layout = _check_layout(layout or detect_layout(state))
