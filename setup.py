@@ -9,11 +9,28 @@ setup(
     long_description=Path(__file__).with_name("README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["recap", "recap.*"]),
+    # The gin files ship inside the package (recap/gin; the checkout's gin/ links to it). `**`
+    # picks up every subdirectory, present and future.
+    package_data={"recap": ["gin/*.gin", "gin/**/*.gin", "gin/**/*.yaml", "gin/**/*.yml"]},
+    entry_points={
+        "console_scripts": [
+            "recap-pipeline = recap.commands.pipeline:main",
+            "recap-train = recap.commands.train:main",
+            "recap-returns = recap.commands.compute_returns:main",
+            "recap-advantages = recap.commands.compute_advantages:main",
+            "recap-relabel = recap.commands.relabel:main",
+            "recap-evaluate = recap.commands.evaluate_policy:main",
+            "recap-doctor = recap.commands.doctor:main",
+            "recap-plan-memory = recap.commands.plan_memory:main",
+            "recap-sweep = recap.commands.sweep:main",
+            "recap-demo-data = recap.commands.make_demo_data:main",
+        ]
+    },
     python_requires=">=3.10",
     # Open ranges: the Ascend stack in the field is torch 2.6 + torch-npu 2.6; the CPU dev/CI
     # install pins torch==2.13.0 in the Makefile (constraints-cpu.txt).
     install_requires=[
-        "torch>=2.4",
+        "torch>=2.6",  # transformers 5 disables its torch models below 2.6
         "deepspeed>=0.15",
         "transformers>=5.0",  # the value model calls decoder layers with 5.x signatures
         "accelerate>=0.34",
@@ -25,6 +42,7 @@ setup(
         "av>=12",
         "tqdm>=4.60",
         "pyyaml>=6",
+        "sentencepiece>=0.2",  # PaliGemma's tokenizer is a SentencePiece .model file
     ],
     extras_require={
         # torch-npu must match the installed torch (2.6 -> torch-npu 2.6.x); never install it

@@ -1,28 +1,38 @@
 """Shared command-line entry: ``--gin_file`` / ``--gin_param`` flags, one-line errors.
 
-Scripts stay thin::
+Commands (``recap/commands/``) stay thin::
 
-    from recap.cli import run_step
+    from recap.cli import run_command
     from recap.steps.compute_returns import compute_returns
-    if __name__ == "__main__":
-        run_step(compute_returns)
 
-Flags: repeatable ``--gin_file`` (paths, or names relative to the repository's ``gin/``) and
-``--gin_param`` (``"binding = value"``); ``--local_rank`` from the DeepSpeed launcher is accepted.
-A ``RecapError`` (bad input, bad config) prints one line to stderr and exits with status 2.
+    def main(argv=None) -> int:
+        return run_command(compute_returns, argv)
+
+Flags: repeatable ``--gin_file`` (paths, or names relative to the gin directory shipped in the
+package, ``recap/gin``) and ``--gin_param`` (``"binding = value"``); ``--local_rank`` from the
+DeepSpeed launcher is accepted. A ``RecapError`` (bad input, bad config) prints one line to
+stderr and gives exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.resources
 import logging
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from recap.config_check import KNOWN_CONFIGURABLES, check_required
 from recap.errors import RecapError, one_line
 
-GIN_DIR = Path(__file__).resolve().parent.parent / "gin"
+
+def packaged_gin_dir() -> Path:
+    """The gin files shipped inside the package (``recap/gin``), wherever recap is installed."""
+    return Path(str(importlib.resources.files("recap") / "gin"))
+
+
+GIN_DIR = packaged_gin_dir()
 
 
 def build_parser(description: str | None = None) -> argparse.ArgumentParser:
@@ -36,7 +46,7 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
 
 
 def resolve_gin_file(name: str) -> str:
-    """A gin file path as given, else relative to the repository's ``gin/`` directory."""
+    """A gin file path as given, else relative to the packaged gin directory (``GIN_DIR``)."""
     path = Path(name)
     if path.is_file():
         return str(path)
@@ -47,7 +57,10 @@ def resolve_gin_file(name: str) -> str:
 
 
 def parse_gin(files: Sequence[str], params: Sequence[str]) -> None:
-    """Parse gin files and bindings; unknown configurables or parameters are a RecapError."""
+    """Parse gin files and bindings; unknown configurables or parameters are a RecapError.
+    Bindings of recap's own configurables that this process has not imported (a file or an
+    ``all/`` binding shared by every step) are skipped here; the pipeline imports them all and
+    checks every binding before anything runs."""
     import gin
 
     if str(GIN_DIR) not in gin.config._LOCATION_PREFIXES:
@@ -58,7 +71,9 @@ def parse_gin(files: Sequence[str], params: Sequence[str]) -> None:
     quiet.filter = lambda record: not str(record.msg).startswith("Path not found")
     logging.getLogger().addFilter(quiet)
     try:
-        gin.parse_config_files_and_bindings(resolved, list(params), finalize_config=False)
+        # recap's configurables this process has not imported (another step's) are skipped
+        gin.parse_config_files_and_bindings(resolved, list(params), finalize_config=False,
+                                            skip_unknown=list(KNOWN_CONFIGURABLES))  # fmt: skip
     except (ValueError, KeyError, SyntaxError, ImportError, OSError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise RecapError(
@@ -68,11 +83,13 @@ def parse_gin(files: Sequence[str], params: Sequence[str]) -> None:
         logging.getLogger().removeFilter(quiet)
 
 
-def run_step(step: Callable[[], object], argv: Sequence[str] | None = None) -> int:
-    """Parse flags and gin, call ``step()`` (its arguments come from gin), map errors to exit 2."""
+def run_command(step: Callable[[], object], argv: Sequence[str] | None = None) -> int:
+    """Parse flags and gin, call ``step()`` (its arguments come from gin); a ``RecapError``
+    prints one line and returns 2, success returns 0."""
     args = build_parser(step.__doc__.splitlines()[0] if step.__doc__ else None).parse_args(argv)
     try:
         parse_gin(args.gin_file, args.gin_param)
+        check_required(step)  # every gin.REQUIRED value this call reaches, before it runs
         step()
         if "torch.distributed" in sys.modules:  # a step that joined a process group leaves it
             from recap.engine import distributed
@@ -80,5 +97,13 @@ def run_step(step: Callable[[], object], argv: Sequence[str] | None = None) -> i
             distributed.shutdown()
     except RecapError as exc:
         print(f"error: {one_line(exc)}", file=sys.stderr)
-        sys.exit(2)
+        return 2
+    return 0
+
+
+def run_step(step: Callable[[], object], argv: Sequence[str] | None = None) -> int:
+    """``run_command`` that exits with status 2 on a ``RecapError`` (returns 0 otherwise)."""
+    code = run_command(step, argv)
+    if code:
+        sys.exit(code)
     return 0

@@ -51,10 +51,9 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from recap.cli import parse_gin
+from recap.config_check import check_required, resolve
 from recap.errors import RecapError
 
-REPO = Path(__file__).resolve().parent.parent
-SCRIPTS = REPO / "scripts"
 STEP_KEYS = ("returns", "value", "advantages", "policy", "baseline")
 SCOPES = (*STEP_KEYS, "evaluate", "all")
 MARKERS = ".pipeline"
@@ -64,22 +63,26 @@ _SCOPED = re.compile(r"^\s*(" + "|".join(SCOPES) + r")/(.+)$", re.DOTALL)
 @dataclass(frozen=True)
 class Stage:
     name: str
-    script: str
+    module: str  # the command module it launches (``python -m`` / ``deepspeed --module``)
+    entry: str  # the configurable that command calls (its gin.REQUIRED values checked at plan)
     step: str  # key of ``pipeline.steps``: whose gin files it parses
     distributed: bool
     needs: tuple[str, ...]
     evaluation: bool = False
 
 
+_TRAIN, _EVALUATE = "recap.commands.train", "recap.commands.evaluate_policy"
 STAGES = (
-    Stage("returns", "compute_returns.py", "returns", False, ()),
-    Stage("value", "train.py", "value", True, ("returns",)),
-    Stage("advantages", "compute_advantages.py", "advantages", True, ("value",)),
-    Stage("policy", "train.py", "policy", True, ("advantages",)),
-    Stage("baseline", "train.py", "baseline", True, ()),
-    Stage("evaluate_policy", "evaluate_policy.py", "policy", False, ("policy",), True),
-    Stage("evaluate_baseline", "evaluate_policy.py", "baseline", False, ("baseline",), True),
-)
+    Stage("returns", "recap.commands.compute_returns", "compute_returns", "returns", False, ()),
+    Stage("value", _TRAIN, "train", "value", True, ("returns",)),
+    Stage("advantages", "recap.commands.compute_advantages", "compute_advantages", "advantages",
+          True, ("value",)),
+    Stage("policy", _TRAIN, "train", "policy", True, ("advantages",)),
+    Stage("baseline", _TRAIN, "train", "baseline", True, ()),
+    Stage("evaluate_policy", _EVALUATE, "evaluate_policy", "policy", False, ("policy",), True),
+    Stage("evaluate_baseline", _EVALUATE, "evaluate_policy", "baseline", False, ("baseline",),
+          True),
+)  # fmt: skip
 BY_NAME = {s.name: s for s in STAGES}
 
 
@@ -206,14 +209,11 @@ def _bindings_of(files: list[str], params: list[str], where: str) -> dict[str, s
 
 
 def _query(name: str, default=None):
-    """A bound value (macros resolved), or ``default`` when the parameter is not bound."""
+    """A bound value (macros resolved, nested ones too), or ``default`` when it is not bound."""
     try:
-        value = gin.query_parameter(name)
+        return resolve(gin.query_parameter(name))
     except ValueError:
         return default
-    if isinstance(value, gin.config.ConfigurableReference) and value.selector == "gin.macro":
-        return _query(f"{value.scoped_selector}.value", default)
-    return value
 
 
 def _sidecars(kind: str, prefix: str, tag: str | None = None) -> list[Path]:
@@ -252,6 +252,7 @@ def plan(config: PipelineConfig, scoped: dict[str, list[str]]) -> dict[str, Plan
             if config.sweep_name:
                 params.append(f'Tracker.sweep_name = "{config.sweep_name}"')
         _bindings_of(files, params, name)  # the final bindings parse too; queries below use them
+        check_required(stage.entry, f"pipeline step {name}: ", f"{stage.step}/")
         item = Planned(stage, fingerprint, files, params, run_dir)
         if name == "returns":
             item.outputs = _sidecars("returns", "compute_returns")
@@ -326,10 +327,11 @@ def finished(root: Path, item: Planned) -> dict | None:
 
 def command(item: Planned, config: PipelineConfig) -> tuple[list[str], dict[str, str]]:
     """Argv and environment of one stage (inherited rank variables dropped; a plain process
-    sets its own up in ``distributed.init``)."""
+    sets its own up in ``distributed.init``): ``deepspeed --num_gpus N --master_port P --module
+    MODULE`` or ``python -m MODULE``, so an installed recap needs no checkout."""
     from recap.engine.distributed import free_port
 
-    script = str(SCRIPTS / item.stage.script)
+    module = item.stage.module
     flags = [a for f in item.files for a in ("--gin_file", f)]
     flags += [a for p in item.params for a in ("--gin_param", p)]
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
@@ -337,8 +339,8 @@ def command(item: Planned, config: PipelineConfig) -> tuple[list[str], dict[str,
         launcher = Path(sys.executable).parent / "deepspeed"
         argv = [str(launcher) if launcher.exists() else "deepspeed"]
         argv += ["--num_gpus", str(config.ranks), "--master_port", str(free_port())]
-        return [*argv, script, *flags], env
-    return [sys.executable, script, *flags], env
+        return [*argv, "--module", module, *flags], env
+    return [sys.executable, "-m", module, *flags], env
 
 
 def _run_metrics(run_dir: Path) -> tuple[dict[str, float], dict[str, float]]:

@@ -1,5 +1,5 @@
-"""Grids of gin bindings, shared by ``scripts/sweep.py`` (training sweeps) and the pipeline's
-``--sweep`` (whole-pipeline sweeps)."""
+"""Grids of gin bindings, shared by ``recap.commands.sweep`` (training sweeps, ``recap-sweep``)
+and the pipeline's ``--sweep`` (whole-pipeline sweeps)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from recap.errors import RecapError
 
 
 def load_sweep(path: str, keys: set[str]) -> dict:
-    """Read and check a sweep file (a path, or a name under ``gin/``) whose fields are ``keys``;
-    errors name the file and the field."""
+    """Read and check a sweep file (a path, or a name under the packaged gin directory,
+    ``recap/gin``, e.g. ``sweeps/toy_lr.yaml``) whose fields are ``keys``; errors name the file
+    and the field."""
     import yaml
 
     from recap.cli import resolve_gin_file

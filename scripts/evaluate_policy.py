@@ -1,12 +1,6 @@
-"""Closed-loop success rates of a trained Step 4 policy on the demo reaching task, per beta.
+"""Checkout shim for ``recap.commands.evaluate_policy`` (console script ``recap-evaluate``)."""
 
-    python scripts/evaluate_policy.py --gin_file demo/policy.gin
-    python scripts/evaluate_policy.py --gin_file demo/policy_bc.gin \
-        --gin_param 'evaluate_policy.num_episodes = 100'
-"""
-
-from recap.cli import run_step
-from recap.steps.evaluate_policy import evaluate_policy
+from recap.commands.evaluate_policy import main
 
 if __name__ == "__main__":
-    run_step(evaluate_policy)
+    raise SystemExit(main())

@@ -1,4 +1,4 @@
-"""Shared test helpers: the LeRobot-written fixtures (tests/fixtures/lerobot), hashing dataset trees."""
+"""Shared test helpers: the LeRobot-written fixtures (tests/fixtures/lerobot), dataset hashes."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import hashlib
 import os
 import shutil
 from pathlib import Path
-
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures" / "lerobot"  # written by the real LeRobot library

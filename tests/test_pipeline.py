@@ -210,18 +210,39 @@ def test_sweep_plans_every_point_and_shares_common_steps(tmp_path, capsys):
     assert len(value) == 2 and len(advantages) == 4
 
 
+LIBERO_PARAMS = [
+    'all/DATA = "/data/lerobot"',
+    'all/SIGLIP = "/models/siglip2"',
+    'all/GEMMA = "/models/gemma-3-270m"',
+    'all/TOKENIZER = "/models/paligemma_tokenizer.model"',
+    'all/PI05_BASE = "/models/pi05_base"',
+]
+
+
+def libero_argv(tmp_path, params):
+    args = ["--gin_file", "experiments/libero_pipeline.gin", "--dry_run"]
+    params = [f'pipeline.run_root = "{tmp_path}"', *params]
+    return [*args, *[a for p in params for a in ("--gin_param", p)]]
+
+
 def test_the_libero_pipeline_plans_with_the_real_sizes(tmp_path, capsys):
     from recap.pipeline import main
 
-    params = [
-        f'pipeline.run_root = "{tmp_path}"',
-        'all/DATA = "/data/lerobot"',
-        'all/SIGLIP = "/models/siglip2"',
-        'all/GEMMA = "/models/gemma-3-270m"',
-        'all/TOKENIZER = "/models/paligemma_tokenizer.model"',
-    ]
-    args = ["--gin_file", "experiments/libero_pipeline.gin", "--dry_run"]
-    assert main([*args, *[a for p in params for a in ("--gin_param", p)]]) == 0
+    assert main(libero_argv(tmp_path, LIBERO_PARAMS)) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in lines] == STAGES[:5]
     assert all("--num_gpus 8" in line for line in lines[1:])
+
+
+def test_a_missing_required_binding_stops_the_plan_before_anything_runs(tmp_path, capsys):
+    from recap.pipeline import main
+
+    params = [p for p in LIBERO_PARAMS if "TOKENIZER" not in p]
+    assert main(libero_argv(tmp_path, params)) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (
+        "error: pipeline step policy: policy_data.tokenizer_path is required (macro TOKENIZER "
+        "is %gin.REQUIRED); bind it, e.g. --gin_param 'policy/TOKENIZER = ...'\n"
+    )
+    assert not (tmp_path / ".pipeline").exists()

@@ -157,3 +157,22 @@ def export(engine, run_dir: Path, step: int) -> Path:
         save_exported(state, path, step)
     distributed.barrier()
     return path
+
+
+def load_pending(model: torch.nn.Module) -> None:
+    """Load the weights a model factory left in ``model.pending_state`` (a π0.5 checkpoint read
+    while ZeRO-3 built the model partitioned, ``models.checkpoints.load_strict``): each
+    parameter is gathered, filled on rank 0 and partitioned again (broadcast on exit)."""
+    state = model.__dict__.pop("pending_state", None)
+    if state is None:
+        return
+    import deepspeed
+
+    rank0 = distributed.rank() == 0
+    for name, param in model.named_parameters():
+        with deepspeed.zero.GatheredParameters([param], modifier_rank=0):
+            if rank0:
+                param.data.copy_(state[name].to(param.device, param.dtype))
+    for name, buffer in model.named_buffers():
+        if name in state:
+            buffer.data.copy_(state[name].to(buffer.device, buffer.dtype))

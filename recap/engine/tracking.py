@@ -44,10 +44,17 @@ def gin_bindings() -> dict[str, str]:
 
 
 def git_commit(directory: str | os.PathLike | None = None) -> str:
-    """HEAD commit of the repository holding this package (``+dirty`` if modified)."""
-    cwd = directory or Path(__file__).resolve().parent
+    """HEAD commit of the checkout holding this package (``+dirty`` if modified), or of the
+    repository at ``directory``. ``"unknown"`` when there is none (recap installed from a wheel:
+    a git repository around site-packages is not recap's), git is missing or fails."""
+    package = Path(__file__).resolve().parents[1]  # the recap package directory
+    cwd = Path(directory) if directory is not None else package
     try:
         run = functools.partial(subprocess.run, cwd=cwd, capture_output=True, text=True, timeout=10)
+        if directory is None:
+            top = run(["git", "rev-parse", "--show-toplevel"])
+            if top.returncode != 0 or Path(top.stdout.strip()).resolve() != package.parent:
+                return "unknown"
         head = run(["git", "rev-parse", "HEAD"]).stdout.strip()
         dirty = run(["git", "status", "--porcelain", "--untracked-files=no"]).stdout.strip()
         return f"{head}+dirty" if head and dirty else head or "unknown"

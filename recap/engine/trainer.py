@@ -120,7 +120,9 @@ def build_model(model_fn: Callable[[], torch.nn.Module], ds_config: dict) -> tup
         from transformers.integrations import HfDeepSpeedConfig
 
         keepalive = HfDeepSpeedConfig(ds_config)
-    return model_fn(), keepalive
+    model = model_fn()
+    ckpt.load_pending(model)  # pretrained weights read while the model was built partitioned
+    return model, keepalive
 
 
 class Trainer:

@@ -2,27 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import gin
 import pytest
 
+import recap
 import recap.steps.train  # noqa: F401  (registers the configurables)
-from recap.cli import parse_gin
+from recap.cli import GIN_DIR, parse_gin, resolve_gin_file
+from recap.commands import sweep
 from recap.errors import RecapError
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def load_sweep_module():
-    spec = importlib.util.spec_from_file_location("sweep_script", REPO / "scripts" / "sweep.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-sweep = load_sweep_module()
 
 
 @pytest.fixture(autouse=True)
@@ -35,6 +24,15 @@ def clean_gin():
 @pytest.mark.parametrize("name", ["engine.gin", "demo/toy.gin"])
 def test_gin_files_parse(name):
     parse_gin([name], [])
+
+
+def test_gin_names_resolve_in_the_package(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # any working directory
+    assert GIN_DIR == Path(recap.__file__).resolve().parent / "gin"
+    assert resolve_gin_file("demo/toy.gin") == str(GIN_DIR / "demo" / "toy.gin")
+    with pytest.raises(RecapError, match="gin file not found") as err:
+        resolve_gin_file("no/such.gin")
+    assert str(GIN_DIR) in str(err.value) and "\n" not in str(err.value)
 
 
 def test_grid_is_a_cartesian_product_in_file_order():
@@ -61,8 +59,24 @@ def test_point_params_name_the_run_and_tag_the_sweep():
 def test_dry_run_prints_one_launch_per_point(capsys):
     assert sweep.main(["sweeps/toy_lr.yaml", "--dry_run"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert len(lines) == 2 and all("scripts/train.py" in line for line in lines)
+    assert len(lines) == 2 and all(" -m recap.commands.train " in line for line in lines)
+    assert all("scripts/" not in line for line in lines)
     assert "deepspeed_config.lr = 0.0003" in lines[0] and "deepspeed_config.lr = 0.001" in lines[1]
+
+
+def test_launches_name_the_train_module():
+    spec = {"name": "s", "gin_files": ["demo/toy.gin"]}
+    argv = sweep.command({**spec, "launcher": "deepspeed --num_gpus 2"}, ["a = 1"])
+    module = argv.index("--module")
+    assert argv[:3] == ["deepspeed", "--num_gpus", "2"] and "--master_port" in argv[:module]
+    assert argv[module : module + 4] == [
+        "--module",
+        "recap.commands.train",
+        "--gin_file",
+        "demo/toy.gin",
+    ]
+    argv = sweep.command({**spec, "launcher": "python -u"}, [])
+    assert argv[1:4] == ["-u", "-m", "recap.commands.train"]
 
 
 def test_bad_sweeps_exit_2(tmp_path, capsys):

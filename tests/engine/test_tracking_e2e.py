@@ -46,4 +46,4 @@ def test_sweep_gives_two_runs_with_different_varied_binding(sweep):
     assert len(swept) == 2
     assert sorted(r.data.params["deepspeed_config.lr"] for r in swept) == ["0.001", "0.002"]
     assert all(r.info.status == "FINISHED" for r in swept)
-    assert sweep["stdout"].count("scripts/train.py") == 2
+    assert sweep["stdout"].count(" -m recap.commands.train ") == 2

@@ -1,0 +1,19 @@
+"""One module per command, each with ``main(argv=None) -> int``; run them as console scripts
+(installed by pip), as ``python -m recap.commands.NAME``, under ``deepspeed --module
+recap.commands.NAME``, or in a checkout through the ``scripts/NAME.py`` shims.
+
+=================== ===================== ======================================================
+module              console script        what
+=================== ===================== ======================================================
+pipeline            recap-pipeline        Steps 1-4 as one job (``recap.pipeline``)
+train               recap-train           Step 2 / 4 training on the DeepSpeed engine
+compute_returns     recap-returns         Step 1: per-frame returns
+compute_advantages  recap-advantages      Step 3: value inference, advantages, labels
+relabel             recap-relabel         new labels from existing advantages (no model)
+evaluate_policy     recap-evaluate        closed-loop success of a demo policy per beta
+doctor              recap-doctor          can this machine run recap
+plan_memory         recap-plan-memory     per-rank memory plan of a ZeRO-3 run
+sweep               recap-sweep           one training launch per grid point
+make_demo_data      recap-demo-data       the demo LeRobot datasets
+=================== ===================== ======================================================
+"""
