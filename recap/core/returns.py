@@ -65,9 +65,12 @@ def episode_success(outcome: np.ndarray, episodes: Episodes) -> np.ndarray:
     """bool[E] outcome of each episode, read at its last frame (SPEC).
 
     Args:
-        outcome: bool[n] per-frame outcome column in the table's row order.
+        outcome: bool[n] per-frame outcome column in the table's row order (numbers must be
+            exactly 0 or 1: ``columns.as_flags``).
     """
-    outcome = np.asarray(outcome).reshape(episodes.num_frames, -1)[:, 0].astype(bool)
+    outcome = np.asarray(outcome).reshape(episodes.num_frames, -1)[:, 0]
+    if outcome.dtype != bool:  # by value, never truthiness: 'no', NaN and 2 are refused
+        outcome = C.as_flags(pa.array(outcome), "outcome")
     return outcome[episodes.order][episodes.ends - 1]
 
 
@@ -100,10 +103,8 @@ def add_returns(
             table.column(C.EPISODE_INDEX).to_numpy(), table.column(C.FRAME_INDEX).to_numpy()
         )
     if success is None:
-        column = table.column(outcome_column)
-        if column.null_count:
-            raise RecapError(f"{outcome_column}: {column.null_count} null values; fill the outcome")
-        success = episode_success(column.to_numpy(), episodes)
+        flags = C.as_flags(table.column(outcome_column), outcome_column)  # nulls, 2, 'no' refused
+        success = episode_success(flags, episodes)
     rewards = compute_rewards(episodes, success, failure_reward)
     returns = discounted_returns(rewards, episodes, gamma)
     order = episodes.order

@@ -27,6 +27,8 @@ import pyarrow as pa
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
+from recap.core import columns as C
+from recap.core.columns import ColumnValueError, as_flags, as_index
 from recap.core.episodes import Episodes, FrameIndexError, find_episodes
 from recap.data.video import VideoCache, decode_image
 from recap.errors import DatasetError, located
@@ -140,7 +142,11 @@ class LocalDataset:
             table = _read_jsonl(path)
             need = ["task_index", "task"]
         _require_columns(path, table.column_names, need)
-        ids, texts = table.column(need[0]).to_pylist(), table.column(need[1]).to_pylist()
+        try:
+            ids = as_index(table.column(need[0]), need[0]).tolist()
+        except ColumnValueError as exc:
+            raise DatasetError(located(path, exc.message)) from exc
+        texts = table.column(need[1]).to_pylist()
         return dict(zip(ids, texts, strict=True))
 
     @cached_property
@@ -164,9 +170,14 @@ class LocalDataset:
             where = self.root / "meta" / "episodes.jsonl"
             table = _read_jsonl(where)
         _require_columns(where, table.column_names, ["episode_index", "length"])
-        for name in ("episode_index", "length"):
+        offsets = [c for c in table.column_names if c.endswith(("/chunk_index", "/file_index"))]
+        for name in ("episode_index", "length", *offsets):
             i = table.column_names.index(name)
-            table = table.set_column(i, name, table.column(name).cast(pa.int64()))
+            try:
+                values = as_index(table.column(name), name)
+            except ColumnValueError as exc:
+                raise DatasetError(located(where, exc.message)) from exc
+            table = table.set_column(i, name, pa.array(values))
         return table.sort_by("episode_index")
 
     @property
@@ -226,9 +237,15 @@ class LocalDataset:
 
     # ---- columns --------------------------------------------------------------------------
 
-    def read_columns(self, columns: Sequence[str], check_frames: bool = True) -> pa.Table:
+    def read_columns(
+        self, columns: Sequence[str], check_frames: bool = True, flags: Sequence[str] = ()
+    ) -> pa.Table:
         """Rows of all data files in file order, only ``columns``.
 
+        Index columns (``columns.INDEX_COLUMNS``) come back int64 and the boolean-meaning
+        columns named in ``flags`` (an outcome, a correction flag) bool, checked file by file
+        (``columns.as_index`` / ``as_flags``): a value that breaks the meaning is a one-line
+        DatasetError naming the data file, the column, the episode and frame, and the value.
         Requesting both episode_index and frame_index also checks them (``check_frames``) unless
         ``check_frames`` is False (a caller that runs ``check_frames`` itself to keep its result).
         """
@@ -237,7 +254,7 @@ class LocalDataset:
         for path in self.data_files:
             pf = _parquet_file(path)
             _require_columns(path, pf.schema_arrow.names, columns)
-            tables.append(_read_parquet(path, columns, pf))
+            tables.append(_typed_columns(path, pf, _read_parquet(path, columns, pf), flags))
         table = _concat(tables, self.root / "data")
         if check_frames and "episode_index" in columns and "frame_index" in columns:
             self.check_frames(table)
@@ -257,6 +274,50 @@ class LocalDataset:
         except FrameIndexError as exc:
             f = np.searchsorted(self._file_offsets, exc.row, side="right") - 1
             raise DatasetError(located(self.data_files[f], exc.message)) from exc
+
+    def check_layout(self, episodes: Episodes) -> None:
+        """The data's episodes (``check_frames``) agree with meta/episodes (ids and lengths) and
+        with info.json's ``total_episodes`` / ``total_frames`` (when present): a frame count
+        that disagrees is a one-line DatasetError naming the metadata file and the field."""
+        where = self.root / "meta" / ("episodes" if self.version == "v3.0" else "episodes.jsonl")
+        meta_ids = self.episodes.column("episode_index").to_numpy()
+        meta_len = self.episodes.column("length").to_numpy()
+        only_meta = np.setdiff1d(meta_ids, episodes.episode_ids)
+        only_data = np.setdiff1d(episodes.episode_ids, meta_ids)
+        if only_meta.size or only_data.size:
+            e = int(only_meta[0]) if only_meta.size else int(only_data[0])
+            said = "lists" if only_meta.size else "does not list"
+            has = "has no frames in" if only_meta.size else "has frames in"
+            raise DatasetError(
+                located(
+                    where,
+                    f"episode_index: {said} episode {e}, which {has} the data files; restore "
+                    "the metadata or the data (re-export the dataset)",
+                )
+            )
+        pos = np.searchsorted(meta_ids, episodes.episode_ids)
+        bad = meta_len[pos] != episodes.lengths
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise DatasetError(
+                located(
+                    where,
+                    f"length: episode {int(episodes.episode_ids[i])} has length "
+                    f"{int(meta_len[pos[i]])} but the data files hold {int(episodes.lengths[i])} "
+                    "frames of it; restore the metadata or the data (re-export the dataset)",
+                )
+            )
+        counts = {"total_episodes": meta_ids.size, "total_frames": episodes.num_frames}
+        for field, count in counts.items():
+            total = self.info.get(field)
+            if isinstance(total, int) and not isinstance(total, bool) and total != count:
+                raise DatasetError(
+                    located(
+                        self._info_path,
+                        f"{field} is {total} but the dataset holds {count}; fix {field} or "
+                        "restore the missing files",
+                    )
+                )
 
     def task_texts(self, task_index: np.ndarray) -> np.ndarray:
         """object[n] task text of each task_index."""
@@ -374,14 +435,15 @@ class LocalDataset:
         return cells
 
     @cached_property
-    def _episode_time(self) -> tuple[np.ndarray, np.ndarray]:
-        t = self.read_columns(["episode_index", "timestamp"])
+    def _episode_time(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        t = self.read_columns(["episode_index", "frame_index", "timestamp"], check_frames=False)
         episode = t.column("episode_index").to_numpy().astype(np.int64)
-        return episode, t.column("timestamp").to_numpy().astype(np.float64)
+        frame = t.column("frame_index").to_numpy().astype(np.int64)
+        return episode, t.column("timestamp").to_numpy().astype(np.float64), frame
 
     def _video_frames(self, key: str, rows: np.ndarray) -> list[np.ndarray]:
         """Decode grouped by file in time order (decoding runs forward); return in row order."""
-        episode, timestamp = (a[rows] for a in self._episode_time)
+        episode, timestamp, frame = (a[rows] for a in self._episode_time)
         eps = self.episodes
         ep_ids = eps.column("episode_index").to_numpy()
         pos = np.searchsorted(ep_ids, episode)
@@ -407,9 +469,15 @@ class LocalDataset:
         order = np.lexsort((times, file_id))
         bounds = np.flatnonzero(np.diff(file_id[order])) + 1
         for group in np.split(order, bounds):
-            video = self._videos.get(self._video_path(key, int(file_id[group[0]])), tolerance)
-            for i in group.tolist():
-                out[i] = video.frame_at(float(times[i]))
+            path = self._video_path(key, int(file_id[group[0]]))
+            i = int(group[0])
+            try:
+                video = self._videos.get(path, tolerance)
+                for i in group.tolist():
+                    out[i] = video.frame_at(float(times[i]))
+            except DatasetError as exc:  # name the frame: camera, episode, frame_index
+                where = f"camera {key!r}, episode {episode[i]} frame {frame[i]}: "
+                raise DatasetError(located(path, where + exc.message.partition(": ")[2])) from exc
         return out
 
     def _video_path(self, key: str, file_id: int) -> Path:
@@ -455,6 +523,39 @@ class LocalDataset:
 
 
 _V3_FILE_COLUMNS = ["data/chunk_index", "data/file_index"]
+
+
+def _typed_columns(path: Path, pf: pq.ParquetFile, table: pa.Table, flags: Sequence[str]):
+    """``table`` (one data file's rows) with index columns int64 and ``flags`` columns bool;
+    int64 and bool columns without nulls pass through untouched (no copy)."""
+    for i, name in enumerate(table.column_names):
+        is_flag = name in flags
+        if not is_flag and name not in C.INDEX_COLUMNS:
+            continue
+        column = table.column(i)
+        want = pa.bool_() if is_flag else pa.int64()
+        if column.type == want and column.null_count == 0:
+            continue
+        try:
+            values = as_flags(column, name) if is_flag else as_index(column, name)
+        except ColumnValueError as exc:
+            where = _row_name(pf, table, exc.row, name)
+            raise DatasetError(located(path, exc.describe(where))) from exc
+        table = table.set_column(i, name, pa.array(values, want))
+    return table
+
+
+def _row_name(pf: pq.ParquetFile, table: pa.Table, row: int, bad: str) -> str:
+    """'episode E frame F' of a data file's row (its own index columns), else 'row R'."""
+    keys = [C.EPISODE_INDEX, C.FRAME_INDEX]
+    if bad in keys or not all(k in pf.schema_arrow.names for k in keys):
+        return f"row {row}"
+    try:
+        source = table if all(k in table.column_names for k in keys) else pf.read(columns=keys)
+        episode, frame = (source.column(k)[row].as_py() for k in keys)
+    except (pa.ArrowException, OSError):
+        return f"row {row}"
+    return f"episode {episode} frame {frame}"
 
 
 def _parquet_file(path: Path) -> pq.ParquetFile:

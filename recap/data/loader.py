@@ -41,6 +41,20 @@ def fixed_width(column: pa.ChunkedArray, where: object, name: str) -> np.ndarray
     return flat.reshape(n, flat.size // n if n else 0)
 
 
+class FrameError(DatasetError):
+    """A frame that cannot be read (truncated or short video, missing camera file, bad image),
+    raised by ``FrameDataset``. It keeps its one line across a DataLoader worker: torch re-raises
+    a worker's exception in the main process as ``type(exc)(text)`` where ``text`` is the
+    worker's formatted traceback, whose last line is ``module.FrameError: <the line>``."""
+
+    def __init__(self, message: str):
+        text = str(message)
+        if "Original Traceback" in text:  # rebuilt by torch from a worker's traceback
+            lines = [line for line in text.splitlines() if line.strip()]
+            text = lines[-1].partition(": ")[2] or lines[-1]
+        super().__init__(text)
+
+
 def pass_through(batch: dict) -> dict:
     """Collate function for datasets whose ``__getitems__`` already returns a batch."""
     return batch
@@ -111,11 +125,12 @@ class FrameDataset(Dataset):
 
     def __getitems__(self, indices: Sequence[int]) -> dict:
         rows = self.rows[np.asarray(indices, dtype=np.int64)]
+        try:
+            images = {cam: self.dataset.frames(cam, rows) for cam in self.key_map.cameras}
+        except DatasetError as exc:  # one line, also from a DataLoader worker
+            raise FrameError(exc.message) from None
         batch = {
-            "images": {
-                cam: torch.from_numpy(self.dataset.frames(cam, rows))
-                for cam in self.key_map.cameras
-            },
+            "images": {cam: torch.from_numpy(v) for cam, v in images.items()},
             "action": torch.from_numpy(self._action[self._chunk_rows[rows]]),
             "action_mask": torch.from_numpy(self._chunk_mask[rows]),
             "row": torch.from_numpy(rows),

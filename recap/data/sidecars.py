@@ -9,17 +9,20 @@ place with ``os.replace``, so a reader sees either the old file or the whole new
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
 from recap.core import columns as C
+from recap.core.columns import ColumnValueError, as_flags, as_index
 from recap.errors import DatasetError, located
 
 RETURNS = "returns"
@@ -83,6 +86,87 @@ def json_writer(obj: object) -> Callable[[Path], None]:
     return lambda tmp: tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
+# ---- what a sidecar was computed from --------------------------------------------------------
+# Step 1 records under "source" in meta/returns_{tag}.json the dataset's frame and episode counts
+# and a digest of its data files: sha256 over each data file's path (relative to the root), size
+# and parquet footer (schema, row groups, column-chunk sizes and statistics). Reading the footers
+# costs a few kB per file, never the data, and a copy of the dataset (cp, rsync, new mtimes)
+# keeps the digest. A rewrite that changes any row count, byte count or column statistic changes
+# it; one that keeps every byte count and statistic of every column chunk is not detected. A
+# sidecar written before this record existed has no "source" and is accepted as it is.
+
+SOURCE = "source"
+
+
+def dataset_source(root: str | os.PathLike) -> dict:
+    """{"num_frames", "num_episodes", "data_digest"} of the dataset at ``root`` as it is now."""
+    from recap.data.lerobot import LocalDataset
+
+    with LocalDataset(root) as ds:
+        digest = hashlib.sha256()
+        for path in ds.data_files:
+            digest.update(path.relative_to(ds.root).as_posix().encode() + b"\0")
+            digest.update(_footer(path))
+        return {
+            "num_frames": ds.num_frames,
+            "num_episodes": ds.num_episodes,
+            "data_digest": "sha256:" + digest.hexdigest(),
+        }
+
+
+def _footer(path: Path) -> bytes:
+    """The file size (8 bytes) and the parquet footer (metadata) bytes of ``path``."""
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        f.seek(max(size - 8, 0))
+        tail = f.read(8)
+        length = int.from_bytes(tail[:4], "little") if len(tail) == 8 else 0
+        f.seek(max(size - 8 - length, 0))
+        return size.to_bytes(8, "little") + f.read(length)
+
+
+def check_source(sidecar: Path, root: str | os.PathLike, recorded: object) -> None:
+    """A sidecar whose recorded source (Step 1's ``dataset_source``) differs from the dataset
+    now was computed from other data: a one-line DatasetError saying to rerun Step 1.
+    ``recorded`` None (a sidecar from before the record existed) is accepted."""
+    if recorded is None:
+        return
+    now = dataset_source(root)
+    if not isinstance(recorded, dict) or any(recorded.get(k) != v for k, v in now.items()):
+        what = next(
+            (k for k in now if not isinstance(recorded, dict) or recorded.get(k) != now[k]), ""
+        )
+        was = recorded.get(what) if isinstance(recorded, dict) else recorded
+        raise DatasetError(
+            located(
+                sidecar,
+                f"stale: computed from other data than the dataset now holds ({what} was "
+                f"{was}, is {now[what]}); the dataset changed after Step 1, rerun Step 1 "
+                "(scripts/compute_returns.py) with this tag",
+            )
+        )
+
+
+def check_finite(path: Path, table: pa.Table, names: list[str]) -> None:
+    """Each float column of ``names`` finite and non-null; else one line naming the sidecar, the
+    column and the first bad row's (episode_index, frame_index)."""
+    for name in names:
+        column = table.column(name)
+        values = column.to_numpy(zero_copy_only=False).astype(float)  # nulls become NaN
+        bad = ~np.isfinite(values)
+        if bad.any():
+            i = int(np.argmax(bad))
+            ep, fr = (table.column(k)[i].as_py() for k in (C.EPISODE_INDEX, C.FRAME_INDEX))
+            value = "null" if column[i].as_py() is None else repr(float(values[i]))
+            raise DatasetError(
+                located(
+                    path,
+                    f"column {name!r}: episode {ep} frame {fr} has value {value} (not finite); "
+                    "the sidecar is corrupt, recompute it",
+                )
+            )
+
+
 def write_returns(root: str | os.PathLike, tag: str, table: pa.Table, stats: dict) -> Path:
     """Write the Step 1 sidecar and its statistics; returns the parquet path."""
     check_tag(tag)
@@ -123,7 +207,20 @@ def read_returns(root: str | os.PathLike, tag: str) -> tuple[pa.Table, dict]:
                 f"(scripts/compute_returns.py) with tag {tag!r} on this dataset first",
             )
         )
-    return read_parquet(path, C.RETURNS_SCHEMA), json.loads(stats_path.read_text())
+    try:
+        stats = json.loads(stats_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise DatasetError(located(stats_path, f"not valid JSON ({exc}); rerun Step 1")) from exc
+    if not isinstance(stats, dict):
+        raise DatasetError(located(stats_path, "expected a JSON object; rerun Step 1"))
+    table = read_parquet(path, C.RETURNS_SCHEMA)
+    check_finite(path, table, [C.RETURN, C.REWARD])
+    check_source(path, root, stats.get(SOURCE))
+    source = stats.get(SOURCE)
+    if isinstance(source, dict) and table.num_rows != source.get("num_frames"):
+        msg = f"{table.num_rows} rows for {source.get('num_frames')} frames; rerun Step 1"
+        raise DatasetError(located(path, msg))
+    return table, stats
 
 
 def read_parquet(path: Path, schema: pa.Schema | None = None) -> pa.Table:
@@ -138,7 +235,35 @@ def read_parquet(path: Path, schema: pa.Schema | None = None) -> pa.Table:
                 raise DatasetError(
                     located(path, f"column {field.name!r} missing; rewrite the sidecar")
                 )
-        table = table.select(schema.names).cast(schema)
+        table = table.select(schema.names)
+        arrays = []
+        for field in schema:
+            column = table.column(field.name)
+            try:
+                if pa.types.is_boolean(field.type):  # by value: exactly 0/1, never truthiness
+                    column = pa.array(as_flags(column, field.name))
+                elif field.name in C.INDEX_COLUMNS:
+                    column = pa.array(as_index(column, field.name))
+                else:
+                    column = column.cast(field.type)
+            except ColumnValueError as exc:
+                where = f"row {exc.row}"
+                if field.name not in C.INDEX_COLUMNS:
+                    keys = (C.EPISODE_INDEX, C.FRAME_INDEX)
+                    ep, fr = (table.column(k)[exc.row].as_py() for k in keys)
+                    where = f"episode {ep} frame {fr}"
+                raise DatasetError(located(path, exc.describe(where))) from exc
+            except (pa.ArrowException, ValueError) as exc:
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                raise DatasetError(
+                    located(
+                        path,
+                        f"column {field.name!r}: type {column.type} is not {field.type} "
+                        f"({first}); rewrite the sidecar",
+                    )
+                ) from exc
+            arrays.append(column)
+        table = pa.Table.from_arrays(arrays, schema=schema)
     return table
 
 

@@ -78,14 +78,27 @@ class VideoFile:
     def frame_at(self, t: float) -> np.ndarray:
         """The frame whose presentation time is within ``tolerance_s`` of ``t`` seconds."""
         lo, hi = t - self.tolerance_s, t + self.tolerance_s
-        if self._must_seek(lo, hi):
-            self._seek(lo, hi)
-        while self._cur_time < lo and self._advance():
-            pass
-        if not lo <= self._cur_time <= hi:
-            raise self._missing(t)
-        if self._cur_rgb is None:
-            self._cur_rgb = self._cur.to_ndarray(format="rgb24")
+        try:
+            if self._must_seek(lo, hi):
+                self._seek(lo, hi)
+            while self._cur_time < lo and self._advance():
+                pass
+            if not lo <= self._cur_time <= hi:
+                raise self._missing(t)
+            if self._cur_rgb is None:
+                self._cur_rgb = self._cur.to_ndarray(format="rgb24")
+        except (av.FFmpegError, ValueError, RuntimeError) as exc:
+            if isinstance(exc, DatasetError):
+                raise
+            self._frames, self._cur, self._cur_time = None, None, -math.inf  # seek next time
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise DatasetError(
+                located(
+                    self.path,
+                    f"cannot decode the frame at timestamp {t:.4f}s ({reason}); the video is "
+                    "truncated or corrupt, restore it from the source dataset",
+                )
+            ) from exc
         return self._cur_rgb
 
     def _advance(self) -> bool:

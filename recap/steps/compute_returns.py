@@ -24,7 +24,7 @@ from recap.core.returns import (
     return_stats,
 )
 from recap.data.lerobot import LocalDataset
-from recap.data.sidecars import check_tag, write_returns
+from recap.data.sidecars import SOURCE, check_tag, dataset_source, write_returns
 from recap.data.specs import DatasetSpec, parse_dataset_specs
 from recap.errors import DatasetError, RecapError, located
 
@@ -63,10 +63,11 @@ def returns_for_dataset(
                     "'outcome_column' (e.g. 'next.success') or list it with type 'sft'",
                 )
             )
-        table = ds.read_columns(
-            wanted + ([outcome] if spec.type == C.ROLLOUT else []), check_frames=False
-        )
+        rollout = [outcome] if spec.type == C.ROLLOUT else []
+        # the outcome is read by value (bool, or exactly 0/1), never by truthiness
+        table = ds.read_columns(wanted + rollout, check_frames=False, flags=rollout)
         episodes = ds.check_frames(table)
+        ds.check_layout(episodes)  # data, meta/episodes and info.json agree on the frames
         prompts = ds.task_text_array(table.column(C.TASK_INDEX).to_numpy())
     try:
         sidecar = add_returns(
@@ -80,7 +81,9 @@ def returns_for_dataset(
         )
     except RecapError as exc:
         raise DatasetError(located(spec.root / "data", str(exc))) from exc
-    return ReturnsResult(spec, sidecar, _stats(spec, sidecar, gamma, failure_reward, outcome))
+    stats = _stats(spec, sidecar, gamma, failure_reward, outcome)
+    stats[SOURCE] = dataset_source(spec.root)  # what readers compare against (stale sidecars)
+    return ReturnsResult(spec, sidecar, stats)
 
 
 def _stats(spec: DatasetSpec, table: pa.Table, gamma: float, failure: float, outcome: str):

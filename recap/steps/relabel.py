@@ -83,13 +83,14 @@ def frame_columns(spec: DatasetSpec, correction: str | None, with_tasks: bool) -
             return None
         wanted = [C.EPISODE_INDEX, C.FRAME_INDEX]
         wanted += [C.TASK_INDEX] * with_tasks + [correction] * has_correction
-        frames = ds.read_columns(wanted)
+        # the correction flag is read by value (bool, or exactly 0/1), never by truthiness
+        frames = ds.read_columns(wanted, flags=[correction] * has_correction)
         out = frames.select([C.EPISODE_INDEX, C.FRAME_INDEX])
         if with_tasks:
             texts = ds.task_texts(frames.column(C.TASK_INDEX).to_numpy())
             out = out.append_column(C.PROMPT, pa.array(texts, pa.string()))
     if has_correction:
-        out = out.append_column(IS_CORRECTION, frames.column(correction).cast(pa.bool_()))
+        out = out.append_column(IS_CORRECTION, frames.column(correction))
     return out
 
 

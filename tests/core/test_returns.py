@@ -91,7 +91,7 @@ def test_bad_gamma():
 
 
 def test_null_outcome_is_an_error():
-    with pytest.raises(RecapError, match="is_success: 1 null values"):
+    with pytest.raises(RecapError, match="^column 'is_success': row 1 has value null; "):
         add_returns(_table([0, 0], [0, 1], [True, None]))
 
 

@@ -436,18 +436,25 @@ def test_unknown_task_index():
 
 
 @pytest.mark.parametrize(
-    ("name", "video", "rows"),
+    ("name", "video", "rows", "frame"),
     [
-        (V21, "videos/chunk-000/image/episode_000002.mp4", [0, 20]),
-        ("libero_like_v30_video", "videos/observation.images.image/chunk-000/file-000.mp4", [1]),
+        (V21, "videos/chunk-000/image/episode_000002.mp4", [0, 20], "'image', episode 2 frame 1"),
+        (
+            "libero_like_v30_video",
+            "videos/observation.images.image/chunk-000/file-000.mp4",
+            [1],
+            "'observation.images.image', episode 0 frame 1",
+        ),
     ],
 )
-def test_missing_video_names_the_expected_path(tmp_path, name, video, rows):
+def test_missing_video_names_the_expected_path(tmp_path, name, video, rows, frame):
     root = copy_fixture(name, tmp_path)
     (root / video).unlink()
     key = EXPECTED[name][2].cameras[0]
     message = error_of(LocalDataset(root).frames, key, rows)
-    assert message == f"{root / video}: video file not found; restore it from the source dataset"
+    assert message == (
+        f"{root / video}: camera {frame}: video file not found; restore it from the source dataset"
+    )
 
 
 def test_timestamp_past_the_video_end(tmp_path):
@@ -460,7 +467,8 @@ def test_timestamp_past_the_video_end(tmp_path):
     )
     message = error_of(LocalDataset(root).frames, "image", [11])
     assert message == (
-        f"{root}/videos/chunk-000/image/episode_000001.mp4: no frame at timestamp 5.0000s "
+        f"{root}/videos/chunk-000/image/episode_000001.mp4: camera 'image', episode 1 frame 0: "
+        "no frame at timestamp 5.0000s "
         "(tolerance 0.0500s); the video does not match the parquet timestamps, re-encode it or "
         "restore the dataset"
     )
