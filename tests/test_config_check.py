@@ -83,9 +83,11 @@ def test_every_unbound_name_is_listed_once():
     assert keys == [
         "pi05_policy.checkpoint",
         "policy_data.advantages_tag",
+        "policy_data.checkpoint",  # PI05_BASE: the checkpoint's norm stats (norm_stats "auto")
         "policy_data.data_root",
         "policy_data.tokenizer_path",
         "eval/policy_data.advantages_tag",
+        "eval/policy_data.checkpoint",
         "eval/policy_data.data_root",
         "eval/policy_data.tokenizer_path",
     ]

@@ -9,16 +9,26 @@ frame from a ``torch.Generator``, so a seed reproduces it):
 - ``positive_only_conditional`` (RLinf): positives get the positive text except with probability
   ``prob`` (default ``unconditional_prob`` 0.1); negatives always get the plain task.
 
-π0.5 then writes the task and the discretized state into one text (``pi05_prompt``, openpi's
-``PaligemmaTokenizer``): ``"Task: {task}, State: {s_1 ... s_D};\\nAction: "`` where s = the state
-normalized to [-1, 1] and binned into 256 bins (``discretize_state``); the task's ``_`` and
-newlines become spaces. ``policy_prompts`` builds the training texts, ``inference_prompts`` the
-conditional/unconditional pair for guided sampling; ``pad_last`` pads actions/states to 32 dims.
+π0.5 then writes the task (``clean_prompt``: stripped, ``_`` and newlines to spaces, as openpi,
+so RLinf's ``"{task}\\nAdvantage: positive"`` reads ``"{task} Advantage: positive"``) and, with a
+state, its 256 bins (``discretize_state``) into one text, in a named style (``pi05_prompt``):
+
+- ``openpi`` (``PaligemmaTokenizer``): with state ``"Task: {cleaned}, State: {bins};\\nAction: "``
+  tokenized with BOS; without state (``discrete_state_input=False``, pi05_libero) the cleaned task
+  with BOS, then ``"\\n"`` tokenized on its own.
+- ``lerobot`` (``Pi05PrepareStateTokenizerProcessorStep``): ``"Task: {cleaned}, State:
+  {bins};\\nAction: "`` or ``"Task: {cleaned};\\nAction: "``, with BOS.
+
+A prompt is a tuple of segments: its ids are BOS followed by each segment's ids, every segment
+encoded on its own (``transforms.tokenize_prompts``). ``policy_prompts`` builds the training
+texts, ``inference_prompts`` the conditional/unconditional pair for guided sampling;
+``pad_last`` pads actions/states to 32 dims.
 
 Labels: the boolean ``advantage`` column of ``meta/advantages_{tag}.parquet`` joined to frames by
-(episode_index, frame_index) (``lookup_labels``). Normalization: x -> clip((x - q01) / (q99 - q01
-+ 1e-6) * 2 - 1, -1, 1) with per-dimension quantiles from ``meta/stats.json`` (LeRobot v3.0 writes
-q01/q99), computed from the data columns when absent (``quantile_stats``).
+(episode_index, frame_index) (``lookup_labels``). Normalization, exactly openpi's (not clipped):
+x -> (x - q01) / (q99 - q01 + 1e-6) * 2 - 1 and back, with per-dimension quantiles from
+``meta/stats.json`` (LeRobot v3.0 writes q01/q99), computed from the data columns when absent
+(``quantile_stats``), or from a checkpoint's ``norm_stats.json`` (``recap.models.checkpoints``).
 """
 
 from __future__ import annotations
@@ -44,6 +54,9 @@ MODES = (PAPER, POSITIVE_ONLY)
 DEFAULT_PROB = {PAPER: 0.3, POSITIVE_ONLY: 0.1}
 STATE_BINS = 256
 QUANTILE_EPS = 1e-6
+OPENPI, LEROBOT = "openpi", "lerobot"
+PROMPT_STYLES = (OPENPI, LEROBOT)
+Prompt = tuple[str, ...]  # segments, each tokenized on its own after one BOS
 
 
 def advantage_prompt(task: str, label: bool | None) -> str:
@@ -95,14 +108,29 @@ def discretize_state(state: np.ndarray) -> np.ndarray:
     return np.digitize(np.asarray(state, dtype=np.float64), bins).astype(np.int64) - 1
 
 
-def pi05_prompt(task: str, state: np.ndarray | None = None) -> str:
-    """openpi π0.5 text: ``"Task: {task}, State: {bins};\\nAction: "`` (``state`` float[D]
-    normalized), or the cleaned task alone when ``state`` is None."""
-    cleaned = task.strip().replace("_", " ").replace("\n", " ")
-    if state is None:
-        return cleaned
-    digits = " ".join(str(int(s)) for s in discretize_state(state))
-    return f"Task: {cleaned}, State: {digits};\nAction: "
+def clean_prompt(task: str) -> str:
+    """openpi's (and LeRobot's) cleaning: stripped, ``_`` and newlines to spaces."""
+    return task.strip().replace("_", " ").replace("\n", " ")
+
+
+def check_style(style: str) -> str:
+    if style not in PROMPT_STYLES:
+        raise RecapError(f"policy_data.prompt_style: {style!r} is not one of {list(PROMPT_STYLES)}")
+    return style
+
+
+def pi05_prompt(task: str, state: np.ndarray | None = None, style: str = OPENPI) -> Prompt:
+    """The π0.5 prompt segments of ``task`` (``state`` float[D] normalized, or None): with state
+    ``("Task: {cleaned}, State: {bins};\\nAction: ",)`` in both styles; without, openpi
+    ``(cleaned, "\\n")`` and lerobot ``("Task: {cleaned};\\nAction: ",)``."""
+    check_style(style)
+    cleaned = clean_prompt(task)
+    if state is not None:
+        digits = " ".join(str(int(s)) for s in discretize_state(state))
+        return (f"Task: {cleaned}, State: {digits};\nAction: ",)
+    if style == OPENPI:
+        return (cleaned, "\n")
+    return (f"Task: {cleaned};\nAction: ",)
 
 
 def policy_prompts(
@@ -112,22 +140,23 @@ def policy_prompts(
     mode: str = PAPER,
     prob: float | None = None,
     generator: torch.Generator | None = None,
-) -> tuple[list[str], torch.Tensor]:
-    """Training prompts ``(texts, conditional bool[N])``: ``pi05_prompt`` of the
+    style: str = OPENPI,
+) -> tuple[list[Prompt], torch.Tensor]:
+    """Training prompts ``(prompts, conditional bool[N])``: ``pi05_prompt`` of the
     ``condition_tasks`` texts with each frame's normalized state float[N, D] (or no state)."""
     texts, conditional = condition_tasks(tasks, labels, mode, prob, generator)
     rows = [None] * len(texts) if states is None else list(np.asarray(states))
-    return [pi05_prompt(t, s) for t, s in zip(texts, rows)], conditional
+    return [pi05_prompt(t, s, style) for t, s in zip(texts, rows)], conditional
 
 
 def inference_prompts(
-    tasks: Sequence[str], states: np.ndarray | None
-) -> tuple[list[str], list[str]]:
+    tasks: Sequence[str], states: np.ndarray | None, style: str = OPENPI
+) -> tuple[list[Prompt], list[Prompt]]:
     """``(conditional, unconditional)`` prompts for guided sampling: the positive text, and the
     plain task (``sample_actions`` batch keys ``input_ids`` / ``uncond_input_ids``)."""
     rows = [None] * len(tasks) if states is None else list(np.asarray(states))
-    positive = [pi05_prompt(advantage_prompt(t, True), s) for t, s in zip(tasks, rows)]
-    return positive, [pi05_prompt(t, s) for t, s in zip(tasks, rows)]
+    positive = [pi05_prompt(advantage_prompt(t, True), s, style) for t, s in zip(tasks, rows)]
+    return positive, [pi05_prompt(t, s, style) for t, s in zip(tasks, rows)]
 
 
 def pad_last(x: np.ndarray | torch.Tensor, size: int = 32):
@@ -179,26 +208,48 @@ def lookup_labels(
 def dataset_labels(
     root: str | os.PathLike, tag: str, episode_index: np.ndarray, frame_index: np.ndarray
 ) -> np.ndarray:
-    """bool[N] labels of the given frames from ``{root}/meta/advantages_{tag}.parquet``."""
+    """bool[N] labels of the given frames (all of a dataset's) from
+    ``{root}/meta/advantages_{tag}.parquet``; ``advantage`` is read by value (bool or exactly
+    0/1, ``read_advantages``), and rows for frames the dataset lacks are an error."""
     from recap.data.sidecars import ADVANTAGES, read_advantages, sidecar_path
 
     table, _ = read_advantages(root, tag)
-    return lookup_labels(episode_index, frame_index, table, sidecar_path(root, ADVANTAGES, tag))
+    path = sidecar_path(root, ADVANTAGES, tag)
+    labels = lookup_labels(episode_index, frame_index, table, path)
+    extra = table.num_rows - len(labels)  # every frame found once, no duplicate rows
+    if extra > 0:
+        raise RecapError(
+            f"{path}: {extra} rows match no frame of the dataset (computed from other data); "
+            "recompute the advantages (Step 3) for this dataset"
+        )
+    return labels
 
 
 @dataclass(frozen=True)
 class QuantileStats:
-    """Per-dimension 1% and 99% quantiles float64[D] of one feature."""
+    """Per-dimension 1% and 99% quantiles float64[D] of one feature, with its mean and standard
+    deviation when known (openpi's ``norm_stats.json`` requires them; π0.5 reads only q01/q99)."""
 
     q01: np.ndarray
     q99: np.ndarray
+    mean: np.ndarray | None = None
+    std: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.q01)
+
+    def first(self, dim: int) -> QuantileStats:
+        """The stats of the first ``dim`` dimensions (openpi normalizes with ``q01[:D]``)."""
+        cut = [None if v is None else np.asarray(v)[:dim] for v in (self.mean, self.std)]
+        return QuantileStats(np.asarray(self.q01)[:dim], np.asarray(self.q99)[:dim], *cut)
 
 
 def normalize_quantile(x: np.ndarray | torch.Tensor, stats: QuantileStats):
-    """clip((x - q01) / (q99 - q01 + 1e-6) * 2 - 1, -1, 1) over the last dim [..., D]."""
+    """(x - q01) / (q99 - q01 + 1e-6) * 2 - 1 over the last dim [..., D], not clipped (openpi's
+    ``Normalize(use_quantiles=True)``, LeRobot's QUANTILES): values outside [q01, q99] map
+    outside [-1, 1]."""
     q01, q99 = _as(stats.q01, x), _as(stats.q99, x)
-    y = (x - q01) / (q99 - q01 + QUANTILE_EPS) * 2.0 - 1.0
-    return y.clip(-1.0, 1.0)
+    return (x - q01) / (q99 - q01 + QUANTILE_EPS) * 2.0 - 1.0
 
 
 def unnormalize_quantile(y: np.ndarray | torch.Tensor, stats: QuantileStats):
@@ -211,9 +262,12 @@ def unnormalize_quantile(y: np.ndarray | torch.Tensor, stats: QuantileStats):
 
 
 def _as(values: np.ndarray, like):
+    """The stats as ``like``'s kind: a tensor of its dtype, or a float64 array (numpy inputs are
+    normalized in float64, as openpi's float32 data against its float64 statistics, so the state
+    bins fall where openpi's do)."""
     if torch.is_tensor(like):
         return torch.as_tensor(values, dtype=like.dtype, device=like.device)
-    return np.asarray(values, dtype=np.result_type(like, np.float32))
+    return np.asarray(values, dtype=np.float64)
 
 
 def quantile_stats(dataset, keys: Sequence[str]) -> dict[str, QuantileStats]:
@@ -225,8 +279,9 @@ def quantile_stats(dataset, keys: Sequence[str]) -> dict[str, QuantileStats]:
     for key in keys:
         entry = stats.get(key, {})
         if "q01" in entry and "q99" in entry:
+            moments = [np.asarray(entry[m], float) if m in entry else None for m in ("mean", "std")]
             out[key] = QuantileStats(
-                np.asarray(entry["q01"], float), np.asarray(entry["q99"], float)
+                np.asarray(entry["q01"], float), np.asarray(entry["q99"], float), *moments
             )
         else:
             missing.append(key)
@@ -234,8 +289,9 @@ def quantile_stats(dataset, keys: Sequence[str]) -> dict[str, QuantileStats]:
         table = dataset.read_columns(missing, check_frames=False)
         for key in missing:
             values = np.stack(table.column(key).to_numpy(zero_copy_only=False)).astype(float)
-            q01, q99 = np.quantile(values.reshape(len(values), -1), [0.01, 0.99], axis=0)
-            out[key] = QuantileStats(q01, q99)
+            values = values.reshape(len(values), -1)
+            q01, q99 = np.quantile(values, [0.01, 0.99], axis=0)
+            out[key] = QuantileStats(q01, q99, values.mean(0), values.std(0))
     return out
 
 

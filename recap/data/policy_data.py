@@ -2,10 +2,12 @@
 
 ``PolicyDataset`` mixes datasets like ``ValueDataset`` (same virtual index, ``mixing`` and
 weights). Per item: uint8 frames resized to the model's image size in camera slots (base, left
-wrist, right wrist), the next ``action_horizon`` actions quantile-normalized to [-1, 1] and
-zero-padded to ``action_dim`` (``action_mask`` False past the episode's end and on padded dims),
-and the π0.5 prompt (``conditioning.pi05_prompt``: the task, the advantage text, and with
-``state_in_prompt`` the normalized state binned into the text, as openpi).
+wrist, right wrist), the next ``action_horizon`` actions quantile-normalized (q01/q99 -> -1/1,
+unclipped) and zero-padded to ``action_dim`` (``action_mask`` False past the episode's end and on
+padded dims), and the π0.5 prompt (``conditioning.pi05_prompt``: the task, the advantage text,
+and with ``state_in_prompt`` the normalized state binned into the text) in ``prompt_style``
+``openpi`` or ``lerobot``, whose token ids are those systems' own for the same task, state and
+advantage text.
 
 Conditioning (SPEC "Step 4"): labels come from ``meta/advantages_{tag}.parquet`` by
 (episode_index, frame_index); a frame without a label is a one-line error naming the file and the
@@ -15,14 +17,20 @@ probability 0.1, negatives never; ``none``: the plain prompt (behaviour cloning,
 The dropout is drawn once per virtual item from ``seed`` (``draw_conditional``), so it depends
 only on (seed, index): a resumed run, or another epoch, sees the same prompts.
 
-Quantile statistics (q01/q99 per dimension, ``conditioning.quantile_stats``) are merged over the
-training datasets (min of q01, max of q99) so one map serves every dataset and inference.
-Each distinct prompt is tokenized once (a per-process cache).
+Normalization is openpi's quantile map, unclipped. Its statistics (``norm_stats``): ``checkpoint``
+reads the ones the fine-tuned checkpoint carries (openpi ``assets/<asset_id>/norm_stats.json``,
+LeRobot's normalizer file, ``checkpoints.find_norm_stats``), ``data`` merges them over the
+training datasets (``conditioning.quantile_stats``: min of q01, max of q99, pooled mean/std), and
+``auto`` takes the checkpoint's when it has them, else the data's; one line says which. The
+training split writes the statistics it uses into ``{train.run_dir}/assets/<asset_id>/
+norm_stats.json`` (rank 0, atomically) beside the exported weights, as openpi's checkpoints carry
+them. Each distinct prompt is tokenized once (a per-process cache).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import gin
 import numpy as np
@@ -33,8 +41,11 @@ import recap.models.pi05  # noqa: F401  (registers pi05_policy: gin/policy.gin w
 from recap.core import columns as C
 from recap.data.conditioning import (
     MODES,
+    OPENPI,
+    Prompt,
     QuantileStats,
     advantage_prompt,
+    check_style,
     dataset_labels,
     draw_conditional,
     normalize_quantile,
@@ -47,10 +58,14 @@ from recap.data.lerobot import KeyMap, LocalDataset, detect_key_map
 from recap.data.loader import FrameDataset, pass_through
 from recap.data.specs import DatasetSpec, split_specs
 from recap.data.transforms import load_tokenizer, resize_frames
+from recap.engine import distributed
 from recap.errors import DatasetError, RecapError, located
 
 NONE = "none"  # conditioning mode of the behaviour-cloning baseline
 CONDITIONING = (*MODES, NONE)
+CHECKPOINT, DATA, AUTO = "checkpoint", "data", "auto"
+NORM_STATS = (CHECKPOINT, DATA, AUTO)
+DEFAULT_ASSET_ID = "recap"  # the asset id of exported stats when policy_data.asset_id is None
 
 
 @dataclass
@@ -64,7 +79,8 @@ class _Source:
 
 
 def merged_stats(sources: list[tuple[LocalDataset, KeyMap]]) -> dict[str, QuantileStats]:
-    """``{"state", "action"}`` quantiles over datasets: min of q01s, max of q99s per dim."""
+    """``{"state", "action"}`` statistics over datasets: min of q01s, max of q99s per dim; mean
+    and std pooled over all frames (each dataset weighted by its frame count)."""
     out = {}
     for name in ("state", "action"):
         parts = []
@@ -76,8 +92,15 @@ def merged_stats(sources: list[tuple[LocalDataset, KeyMap]]) -> dict[str, Quanti
             roots = [str(dataset.root) for dataset, _ in sources]
             raise DatasetError(f"{name}: datasets {roots} have {sorted(dims)} dims; mix only "
                                "datasets of one robot (same state/action size)")  # fmt: skip
+        mean = std = None
+        if all(p.mean is not None and p.std is not None for p in parts):
+            w = np.array([float(dataset.num_frames) for dataset, _ in sources])[:, None]
+            w = w / w.sum()
+            means, stds = np.stack([p.mean for p in parts]), np.stack([p.std for p in parts])
+            mean = (w * means).sum(0)
+            std = np.sqrt((w * (stds**2 + (means - mean) ** 2)).sum(0))
         out[name] = QuantileStats(
-            np.min([p.q01 for p in parts], 0), np.max([p.q99 for p in parts], 0)
+            np.min([p.q01 for p in parts], 0), np.max([p.q99 for p in parts], 0), mean, std
         )
     return out
 
@@ -92,6 +115,59 @@ def training_stats(specs: list[DatasetSpec]) -> dict[str, QuantileStats]:
     return merged_stats(sources)
 
 
+def resolve_stats(
+    norm_stats: str,
+    checkpoint: str | None,
+    asset_id: str | None,
+    specs: list[DatasetSpec],
+) -> tuple[dict[str, QuantileStats], str]:
+    """``(statistics, where they came from)`` for ``norm_stats`` ``checkpoint`` / ``data`` /
+    ``auto`` (see the module docstring); checkpoint statistics are cut to the data's dims (as
+    openpi's ``q01[..., :D]``), and fewer dims than the data's are a one-line error."""
+    if norm_stats not in NORM_STATS:
+        raise RecapError(f"policy_data.norm_stats: {norm_stats!r} is not one of "
+                         f"{list(NORM_STATS)}")  # fmt: skip
+    found = None
+    if norm_stats != DATA:
+        from recap.models.checkpoints import find_norm_stats
+
+        if checkpoint is None and norm_stats == CHECKPOINT:
+            raise RecapError("policy_data.norm_stats = \"checkpoint\" but policy_data.checkpoint "
+                             "is None; bind it (the pi05_policy.checkpoint directory)")  # fmt: skip
+        found = find_norm_stats(checkpoint, asset_id) if checkpoint is not None else None
+        if found is None and norm_stats == CHECKPOINT:
+            where = f"assets/{asset_id or '*'}/norm_stats.json"
+            raise RecapError(f"{checkpoint}: no {where} or LeRobot normalizer file; use "
+                             "policy_data.norm_stats = \"data\" or \"auto\"")  # fmt: skip
+    if found is None:
+        roots = ", ".join(s.name for s in specs)
+        return training_stats(specs), f"the training data ({roots})"
+    from recap.models.checkpoints import read_norm_stats
+
+    stats, dims = read_norm_stats(found), data_dims(specs)
+    for name, dim in dims.items():
+        if len(stats[name]) < dim:
+            raise RecapError(f"{found}: {name} statistics have {len(stats[name])} dims, the data "
+                             f"{dim}; use policy_data.norm_stats = \"data\"")  # fmt: skip
+        stats[name] = stats[name].first(dim)
+    return stats, str(found)
+
+
+def data_dims(specs: list[DatasetSpec]) -> dict[str, int]:
+    """``{"state", "action"}`` sizes of the first dataset's features (info.json shapes)."""
+    dataset = LocalDataset(specs[0].root)
+    key_map = detect_key_map(dataset.features, dataset.root)
+    shape = {name: dataset.features[key].get("shape", [1])
+             for name, key in (("state", key_map.state), ("action", key_map.action))}  # fmt: skip
+    return {name: int(np.prod(s)) for name, s in shape.items()}
+
+
+def describe_stats(stats: dict[str, QuantileStats], source: str) -> str:
+    """The one-line report: where the statistics come from and their sizes."""
+    return (f"policy_data: normalization statistics from {source} (state {len(stats['state'])} "
+            f"dims, actions {len(stats['action'])} dims)")  # fmt: skip
+
+
 class PolicyDataset(Dataset):
     """Frames + normalized action chunks + advantage-conditioned π0.5 prompts.
 
@@ -104,7 +180,8 @@ class PolicyDataset(Dataset):
         conditioning: ``paper``, ``positive_only_conditional`` or ``none``.
         dropout: probability of the plain prompt (default: 0.3 paper, 0.1 RLinf).
         stats: normalization statistics (default: merged over ``specs``; pass the training
-            ones for eval sets).
+            ones for eval sets, or a checkpoint's: ``resolve_stats``).
+        prompt_style: ``openpi`` or ``lerobot`` (``conditioning.pi05_prompt``).
     """
 
     def __init__(
@@ -123,6 +200,7 @@ class PolicyDataset(Dataset):
         mixing: str = "proportional",
         seed: int = 0,
         stats: dict[str, QuantileStats] | None = None,
+        prompt_style: str = OPENPI,
     ):
         if conditioning not in CONDITIONING:
             raise RecapError(f"policy_data.conditioning: {conditioning!r} is not one of "
@@ -131,6 +209,7 @@ class PolicyDataset(Dataset):
             raise RecapError(f"policy_data.mixing: {mixing!r} is not one of {list(MIXING)}")
         self.tokenizer, self.image_size, self.max_length = tokenizer, image_size, max_length
         self.action_dim, self.state_in_prompt = action_dim, state_in_prompt
+        self.prompt_style = check_style(prompt_style)
         self.action_horizon = action_horizon
         self.conditioning = conditioning
         self.sources = [self._source(s, advantages_tag, (key_maps or {}).get(s.name),
@@ -145,7 +224,7 @@ class PolicyDataset(Dataset):
                                  for i, s in enumerate(self.sources)])  # fmt: skip
         self.labels = labels  # source_of is sorted, so this is in virtual-item order
         self.conditional = self._draw(conditioning, dropout, seed)
-        self._cache: dict[str, list[int]] = {}
+        self._cache: dict[Prompt, list[int]] = {}
 
     def _source(self, spec: DatasetSpec, tag: str, key_map: KeyMap | None, horizon: int):
         frames = FrameDataset(spec.root, key_map=key_map, action_horizon=horizon)
@@ -179,7 +258,7 @@ class PolicyDataset(Dataset):
         horizon = self.action_horizon
         actions = torch.zeros(n, horizon, self.action_dim)
         action_mask = torch.zeros(n, horizon, self.action_dim, dtype=torch.bool)
-        texts: list[str] = [""] * n
+        texts: list[Prompt] = [("",)] * n
         for s in np.unique(src).tolist():  # one batched fetch per dataset in the batch
             sel = np.flatnonzero(src == s)
             source = self.sources[s]
@@ -206,15 +285,19 @@ class PolicyDataset(Dataset):
 
     collate = staticmethod(pass_through)  # __getitems__ already returns a batch
 
-    def prompt(self, task: str, label: bool | None, state: np.ndarray | None) -> str:
-        """The π0.5 text of one frame: task (+ advantage text) (+ binned normalized state)."""
-        return pi05_prompt(advantage_prompt(task, label), state if self.state_in_prompt else None)
+    def prompt(self, task: str, label: bool | None, state: np.ndarray | None) -> Prompt:
+        """The π0.5 prompt of one frame in ``prompt_style``: task (+ advantage text) (+ binned
+        normalized state)."""
+        state = state if self.state_in_prompt else None
+        return pi05_prompt(advantage_prompt(task, label), state, self.prompt_style)
 
     def normalize(self, x: torch.Tensor, name: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(x normalized to [-1, 1] and padded to action_dim, dim mask bool[action_dim])``."""
-        return pad_last(normalize_quantile(x.float(), self.stats[name]), self.action_dim)
+        """``(x quantile-normalized (unclipped) and padded to action_dim, dim mask
+        bool[action_dim])``."""
+        normalized = normalize_quantile(x.double(), self.stats[name]).float()  # float64 as openpi
+        return pad_last(normalized, self.action_dim)
 
-    def tokenize(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    def tokenize(self, texts: list[Prompt]) -> tuple[torch.Tensor, torch.Tensor]:
         """``(ids int64[n, L], mask bool[n, L])`` with L the longest prompt; each distinct text
         is tokenized once per process."""
         from recap.data.transforms import tokenize_prompts
@@ -248,16 +331,52 @@ def policy_data(
     conditioning: str = "paper",
     dropout: float | None = None,
     state_in_prompt: bool = True,
+    prompt_style: str = OPENPI,
     max_length: int = 200,
     mixing: str = "proportional",
     seed: int = 0,
+    norm_stats: str = AUTO,
+    checkpoint: str | None = None,
+    asset_id: str | None = None,
+    export_stats: bool = True,
 ) -> PolicyDataset:
-    """Gin builder of the policy's train (``split="train"``) or eval data; eval sets use the
-    training datasets' normalization statistics. ``action_horizon`` must equal the model's."""
+    """Gin builder of the policy's train (``split="train"``) or eval data. Both splits use the
+    statistics of ``resolve_stats`` (``checkpoint``: the directory ``pi05_policy.checkpoint``
+    loads; ``asset_id``: its ``assets/<asset_id>``, any single one when None); the train split
+    prints where they come from and, with ``export_stats`` and ``train.run_dir`` bound, writes
+    them to ``{run_dir}/assets/<asset_id or "recap">/norm_stats.json`` (rank 0).
+    ``action_horizon`` must equal the model's."""
+    check_style(prompt_style)
     train_specs, specs = split_specs("policy_data", split, datasets, eval_datasets, data_root)
+    stats, source = resolve_stats(norm_stats, checkpoint, asset_id, train_specs)
     args = dict(tokenizer=load_tokenizer(tokenizer_path), image_size=image_size,
                 action_horizon=action_horizon, action_dim=action_dim, conditioning=conditioning,
                 dropout=dropout, state_in_prompt=state_in_prompt, max_length=max_length,
-                mixing=mixing, seed=seed)  # fmt: skip
-    stats = None if split == "train" else training_stats(train_specs)  # not a whole train set
-    return PolicyDataset(specs, advantages_tag, stats=stats, **args)
+                mixing=mixing, seed=seed, prompt_style=prompt_style)  # fmt: skip
+    data = PolicyDataset(specs, advantages_tag, stats=stats, **args)
+    if split == "train" and distributed.is_main():
+        print(describe_stats(stats, source), flush=True)
+        run_dir = _bound("train.run_dir")
+        if export_stats and run_dir is not None:
+            from recap.models.checkpoints import write_norm_stats
+
+            write_norm_stats(run_dir, asset_id or DEFAULT_ASSET_ID, stats)
+    return data
+
+
+def _bound(name: str):
+    """The gin value bound to ``name``, or None when unbound."""
+    try:
+        return gin.query_parameter(name)
+    except ValueError:
+        return None
+
+
+def run_stats(run_dir: str | Path, asset_id: str | None = None):
+    """``(stats, path)`` a training run exported (``{run_dir}/assets/*/norm_stats.json``), or
+    ``(None, None)`` when it has none (runs from before the export)."""
+    from recap.models.checkpoints import find_norm_stats, read_norm_stats
+
+    found = find_norm_stats(run_dir, asset_id or DEFAULT_ASSET_ID)
+    found = found or find_norm_stats(run_dir, asset_id)
+    return (read_norm_stats(found), found) if found is not None else (None, None)

@@ -132,18 +132,27 @@ def load_tokenizer(path: str | os.PathLike):
 
 
 def tokenize_prompts(
-    tokenizer, prompts: Sequence[str], max_length: int = MAX_TOKENS
+    tokenizer, prompts: Sequence[str | Sequence[str]], max_length: int = MAX_TOKENS
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(ids int64[B, max_length], mask bool[B, max_length])``: BOS + the prompt's tokens, right
-    padded with the pad id (0 when the tokenizer has none) and truncated to ``max_length``."""
+    padded with the pad id (0 when the tokenizer has none) and truncated to ``max_length``.
+
+    A prompt is a string or a tuple of segments (``conditioning.pi05_prompt``), each encoded on
+    its own and concatenated after the one BOS: openpi's π0.5 prompt without state is
+    ``encode(task, add_bos=True) + encode("\\n")``, which a single encode of ``task + "\\n"``
+    need not equal."""
     bos = tokenizer.bos_token_id
     if bos is None:
         raise RecapError("tokenizer: no bos_token_id; use the Gemma3 tokenizer (it defines <bos>)")
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    encoded = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
-    ids = torch.full((len(encoded), max_length), pad, dtype=torch.long)
-    mask = torch.zeros((len(encoded), max_length), dtype=torch.bool)
-    for row, tokens in enumerate(encoded):
+    segments = [(p,) if isinstance(p, str) else tuple(p) for p in prompts]
+    flat = sorted({seg for parts in segments for seg in parts})
+    encoded = tokenizer(flat, add_special_tokens=False)["input_ids"] if flat else []
+    encoded = dict(zip(flat, encoded))
+    ids = torch.full((len(segments), max_length), pad, dtype=torch.long)
+    mask = torch.zeros((len(segments), max_length), dtype=torch.bool)
+    for row, parts in enumerate(segments):
+        tokens = [t for seg in parts for t in encoded[seg]]
         seq = [bos, *tokens][:max_length]
         if len(tokens) + 1 > max_length:
             log.warning("prompt of %d tokens truncated to %d", len(tokens) + 1, max_length)

@@ -4,7 +4,9 @@ Layout of ``run_dir``::
 
     checkpoints/latest                 DeepSpeed's pointer to the newest complete checkpoint
     checkpoints/step_{N}/              DeepSpeed ZeRO files + recap_state.json (step, world size)
-    model.safetensors                  consolidated weights, loadable without DeepSpeed
+    checkpoints/step_{N}/ema/rank_R.pt with an EMA: each rank's averages (``recap.engine.ema``)
+    model.safetensors                  consolidated weights (the EMA when there is one),
+                                       loadable without DeepSpeed
 
 ``recap_state.json`` is written before DeepSpeed saves and ``latest`` moves only after it finished,
 so ``latest`` never points at a half-written checkpoint. ZeRO checkpoints are tied to the world
@@ -31,6 +33,7 @@ CHECKPOINTS = "checkpoints"
 STATE_FILE = "recap_state.json"
 EXPORT_FILE = "model.safetensors"
 TAG = re.compile(r"^step_(\d+)$")
+WEIGHTS_KEY = "recap_weights"  # export metadata: "ema" or "raw"
 
 
 @dataclass(frozen=True)
@@ -95,8 +98,18 @@ def restore(engine, run_dir: Path, plan: ResumePlan) -> int:
     return int((client_state or {}).get("step", plan.step))
 
 
-def save(engine, run_dir: Path, step: int, config: dict, keep: int) -> None:
-    """Save ``checkpoints/step_{step}`` on all ranks, then prune to the ``keep`` newest (rank 0)."""
+def restore_ema(ema, run_dir: Path, plan: ResumePlan) -> None:
+    """Load the planned checkpoint's EMA (a universal or EMA-less checkpoint restarts it from
+    the restored weights, with a warning)."""
+    if ema is None or plan.tag is None:
+        return
+    tag = plan.tag.removesuffix("_universal") if plan.universal else plan.tag
+    ema.load(Path(run_dir) / CHECKPOINTS / tag)
+
+
+def save(engine, run_dir: Path, step: int, config: dict, keep: int, ema=None) -> None:
+    """Save ``checkpoints/step_{step}`` on all ranks, then prune to the ``keep`` newest (rank 0).
+    The EMA files are written before DeepSpeed moves ``latest``."""
     root = Path(run_dir) / CHECKPOINTS
     tag = f"step_{step}"
     if distributed.is_main():
@@ -109,6 +122,8 @@ def save(engine, run_dir: Path, step: int, config: dict, keep: int) -> None:
                 "micro_batch_size": config["train_micro_batch_size_per_gpu"],
             },
         )
+    if ema is not None:
+        ema.save(root / tag)
     distributed.barrier()
     engine.save_checkpoint(str(root), tag=tag, client_state={"step": step})
     distributed.barrier()
@@ -131,30 +146,41 @@ def _untie(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dic
     return kept, tied
 
 
-def save_exported(state: dict[str, torch.Tensor], path: Path, step: int) -> Path:
-    """Write ``state`` atomically as safetensors; tied aliases go in the metadata."""
+def save_exported(
+    state: dict[str, torch.Tensor], path: Path, step: int, extra: dict[str, str] | None = None
+) -> Path:
+    """Write ``state`` atomically as safetensors; tied aliases (and ``extra``) go in the
+    metadata."""
     from safetensors.torch import save_file
 
     kept, tied = _untie(state)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    save_file(
-        kept, str(tmp), metadata={"format": "pt", TIED_KEY: json.dumps(tied), "step": str(step)}
-    )
+    metadata = {"format": "pt", TIED_KEY: json.dumps(tied), "step": str(step), **(extra or {})}
+    save_file(kept, str(tmp), metadata=metadata)
     os.chmod(tmp, 0o644)
     os.replace(tmp, path)
     return path
 
 
-def export(engine, run_dir: Path, step: int) -> Path:
-    """Gather the full weights (ZeRO-3: all ranks take part) and write ``model.safetensors``."""
+def export(engine, run_dir: Path, step: int, ema=None) -> Path:
+    """Gather the full weights (ZeRO-3: all ranks take part) and write ``model.safetensors``.
+
+    With an ``ema`` the file holds the averaged weights (the parameters' dtype) and its metadata
+    says so: ``recap_weights`` = ``"ema"`` (else ``"raw"``), ``recap_ema_decay``,
+    ``recap_ema_updates``."""
     if engine.zero_optimization_partition_weights():
         state = engine._zero3_consolidated_16bit_state_dict()
     else:
         state = engine.module.state_dict() if distributed.is_main() else None
+    extra = {WEIGHTS_KEY: "raw"}
+    if ema is not None:
+        state = ema.full_state(state)
+        extra = {WEIGHTS_KEY: "ema", "recap_ema_decay": repr(ema.decay),
+                 "recap_ema_updates": str(ema.updates)}  # fmt: skip
     path = Path(run_dir) / EXPORT_FILE
     if distributed.is_main():
-        save_exported(state, path, step)
+        save_exported(state, path, step, extra)
     distributed.barrier()
     return path
 
@@ -162,7 +188,8 @@ def export(engine, run_dir: Path, step: int) -> Path:
 def load_pending(model: torch.nn.Module) -> None:
     """Load the weights a model factory left in ``model.pending_state`` (a π0.5 checkpoint read
     while ZeRO-3 built the model partitioned, ``models.checkpoints.load_strict``): each
-    parameter is gathered, filled on rank 0 and partitioned again (broadcast on exit)."""
+    partitioned parameter is gathered, filled on rank 0 and partitioned again (broadcast on
+    exit); one built outside ``zero.Init`` (whole on every rank) is filled on every rank."""
     state = model.__dict__.pop("pending_state", None)
     if state is None:
         return
@@ -170,9 +197,13 @@ def load_pending(model: torch.nn.Module) -> None:
 
     rank0 = distributed.rank() == 0
     for name, param in model.named_parameters():
+        value = state[name]
+        if not hasattr(param, "ds_id"):  # built outside zero.Init: every rank holds it whole
+            param.data.copy_(value.to(param.device, param.dtype))
+            continue
         with deepspeed.zero.GatheredParameters([param], modifier_rank=0):
             if rank0:
-                param.data.copy_(state[name].to(param.device, param.dtype))
+                param.data.copy_(value.to(param.device, param.dtype))
     for name, buffer in model.named_buffers():
         if name in state:
             buffer.data.copy_(state[name].to(buffer.device, buffer.dtype))

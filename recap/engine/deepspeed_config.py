@@ -78,16 +78,23 @@ def deepspeed_config(
     gradient_clipping: float = 1.0,
     offload_optimizer: bool = False,
     param_persistence_threshold: int | None = None,
+    ema_decay: float | None = None,
 ) -> dict[str, Any]:
     """DeepSpeed config dict for ``world_size`` ranks and ``max_steps`` optimizer steps.
 
     ``precision`` "auto" is bf16 where the accelerator supports it natively, else fp32 (CPU).
     Parameters whose names match ``head_patterns`` (fnmatch) train at ``head_lr``. The schedule
     is linear warmup over ``warmup_steps`` then ``constant`` or ``cosine`` down to
-    ``min_lr_ratio`` x lr at ``max_steps``.
+    ``min_lr_ratio`` x lr at ``max_steps``. ``ema_decay`` (None: off; openpi pi05_libero
+    0.999) keeps an exponential moving average of the weights, checkpointed, and exports it
+    (``recap.engine.ema``).
     """
     if schedule not in SCHEDULES:
         raise RecapError(f"gin config: deepspeed_config.schedule={schedule!r}; use {SCHEDULES}")
+    if ema_decay is not None and not 0.0 <= ema_decay < 1.0:
+        raise RecapError(
+            f"gin config: deepspeed_config.ema_decay={ema_decay}; use None (off) or 0 <= d < 1"
+        )
     accumulation = gradient_accumulation(global_batch_size, micro_batch_size, world_size)
     adam = {"lr": lr, "betas": list(betas), "eps": eps, "weight_decay": weight_decay}
     return {
@@ -105,6 +112,7 @@ def deepspeed_config(
         RECAP_KEY: {
             "head_lr": lr if head_lr is None else head_lr,
             "head_patterns": list(head_patterns),
+            "ema_decay": None if ema_decay is None else float(ema_decay),
             "schedule": {
                 "kind": schedule,
                 "warmup_steps": int(warmup_steps),

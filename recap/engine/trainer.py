@@ -4,8 +4,10 @@
 quick one-line error), start the ranks, build the model (partitioned at construction under
 ZeRO-3), restore the latest checkpoint of the run directory, then ``train_step`` / ``maybe_log`` /
 ``maybe_evaluate`` / ``maybe_save`` until ``max_steps``, and finally export the consolidated
-weights to ``run_dir/model.safetensors``. Restarting the same command resumes. Data order and
-per-step seeds depend only on (seed, step), so a resumed run reproduces the uninterrupted one.
+weights to ``run_dir/model.safetensors`` (with ``deepspeed_config.ema_decay``: their moving
+average, ``recap.engine.ema``, updated after every optimizer step). Restarting the same command
+resumes. Data order and per-step seeds depend only on (seed, step), so a resumed run reproduces
+the uninterrupted one.
 """
 
 from __future__ import annotations
@@ -25,7 +27,13 @@ from tqdm.auto import tqdm
 
 from recap.engine import accelerator, distributed
 from recap.engine import checkpointing as ckpt
-from recap.engine.deepspeed_config import for_deepspeed, lr_scheduler_factory, param_groups
+from recap.engine.deepspeed_config import (
+    RECAP_KEY,
+    for_deepspeed,
+    lr_scheduler_factory,
+    param_groups,
+)
+from recap.engine.ema import WeightEMA
 from recap.engine.inference import predict
 from recap.engine.tracking import Tracker
 
@@ -121,6 +129,13 @@ def build_model(model_fn: Callable[[], torch.nn.Module], ds_config: dict) -> tup
 
         keepalive = HfDeepSpeedConfig(ds_config)
     model = model_fn()
+    if keepalive is not None and ds_config.get("bf16", {}).get("enabled"):
+        # ZeRO-3 flattens each rank's partitions into one buffer of one dtype: parameters built
+        # outside ``zero.Init`` (plain nn.Linear heads, the π0.5 action expert) are still float32
+        with torch.no_grad():
+            for param in model.parameters():
+                if not hasattr(param, "ds_id") and param.dtype == torch.float32:
+                    param.data = param.data.to(torch.bfloat16)
     ckpt.load_pending(model)  # pretrained weights read while the model was built partitioned
     return model, keepalive
 
@@ -137,8 +152,10 @@ class Trainer:
         train_data,
         eval_data=None,
         group_names: list[str] | None = None,
+        ema: WeightEMA | None = None,
     ):
         self.engine, self.config, self.opts, self.tracker = engine, config, opts, tracker
+        self.ema = ema
         self.train_data, self.eval_data = train_data, eval_data
         self.group_names = group_names or []
         self.accumulation = config["gradient_accumulation_steps"]
@@ -169,6 +186,8 @@ class Trainer:
             self.sums.add("loss", loss)
             for name, value in metrics.items():
                 self.sums.add(name, value)
+        if self.ema is not None:  # the optimizer stepped at the last micro-batch
+            self.ema.update()
         norm = self.engine.get_global_grad_norm()
         if norm is not None:
             self.sums.add("grad_norm", float(norm))
@@ -221,7 +240,8 @@ class Trainer:
 
     def maybe_save(self, step: int) -> None:
         if self._due(step, self.opts.save_every):
-            ckpt.save(self.engine, self.opts.run_dir, step, self.config, self.opts.keep_checkpoints)
+            ckpt.save(self.engine, self.opts.run_dir, step, self.config,
+                      self.opts.keep_checkpoints, self.ema)  # fmt: skip
 
     def record(self, step: int, metrics: dict[str, float]) -> None:
         """Rank 0: append to ``metrics.jsonl`` and MLflow; a failed write is only a warning."""
@@ -256,7 +276,8 @@ class Trainer:
             self.maybe_evaluate(step)
             self.maybe_save(step)
         progress.close()
-        path = ckpt.export(self.engine, self.opts.run_dir, max(start, self.opts.max_steps))
+        step = max(start, self.opts.max_steps)
+        path = ckpt.export(self.engine, self.opts.run_dir, step, self.ema)
         return FitResult(self.opts.max_steps, self.last_train, self.last_eval, path)
 
 
@@ -286,14 +307,16 @@ def fit(
         lr_scheduler=lr_scheduler_factory(config),
     )
     start = ckpt.restore(engine, opts.run_dir, plan)
+    decay = config.get(RECAP_KEY, {}).get("ema_decay")
+    ema = None if decay is None else WeightEMA(engine.module, decay)
+    ckpt.restore_ema(ema, opts.run_dir, plan)
     if distributed.is_main():
         opts.run_dir.mkdir(parents=True, exist_ok=True)
         print(f"{accelerator.describe()} world={distributed.world_size()} start_step={start}")
     tracker.start(opts.run_dir, opts.step_name, {"recap.world_size": str(distributed.world_size())})
     tracker.log_dict(config, "config/deepspeed_config.json")
-    trainer = Trainer(
-        engine, config, opts, tracker, train_data, eval_data, [g["name"] for g in groups]
-    )
+    names = [g["name"] for g in groups]
+    trainer = Trainer(engine, config, opts, tracker, train_data, eval_data, names, ema)
     try:
         result = trainer.run(start)
     except BaseException:

@@ -12,21 +12,36 @@ periods 4e-3 .. 4 (``pi05_layers``).
 Training (``forward``): t = Beta(1.5, 1) * 0.999 + 0.001, eps ~ N(0, I),
 x_t = t eps + (1 - t) a, u = eps - a, loss = masked mean of (v_theta(x_t, t) - u)^2 per example.
 Sampling (``sample_actions``): Euler from t = 1 to 0, x <- x - v / num_steps, with
-v = v_u + beta (v_c - v_u) at every step; beta = 1 runs only the conditional branch, beta = 0 only
-the unconditional one, otherwise both run as one stacked batch over one prefix KV cache.
+v = v_u + beta (v_g - v_u) at every step, v_g from the "Advantage: positive" prompt
+(``guidance="positive"``) or the "Advantage: negative" one (``"negative"``, RLinf's definition:
+the same combination with the negative prompt); ``"no_guide"`` is v_u alone. beta = 1 runs only
+the guidance branch, beta = 0 only the plain one, otherwise both run as one stacked batch over one
+prefix KV cache.
 
 Batch keys: ``images`` float[B, C, 3, S, S] in [-1, 1] (cameras base, left wrist, right wrist);
 ``image_masks`` bool[B, C]; ``input_ids`` int64[B, L] / ``attention_mask`` bool[B, L] (the
 training prompt, or at inference the conditional one); ``uncond_input_ids`` /
-``uncond_attention_mask`` (plain prompt, CFG with beta != 1 only); ``actions`` float[B, H, A]
-(normalized, padded to A = 32; training); ``action_mask`` bool broadcastable to [B, H, A]
-(optional: False at padded steps/dims); ``conditional`` bool[B] (optional: the prompt carries
-the advantage text; per-branch loss metrics).
+``uncond_attention_mask`` (plain prompt, CFG with beta != 1 only); ``neg_input_ids`` /
+``neg_attention_mask`` (the negative prompt, ``guidance="negative"`` only); ``actions``
+float[B, H, A] (normalized, padded to A = 32; training); ``action_mask`` bool broadcastable to
+[B, H, A] (optional: False at padded steps/dims); ``conditional`` bool[B] (optional: the prompt
+carries the advantage text; per-branch loss metrics).
+
+Precision (``Pi05Config.openpi_precision``, on by default): the text embeddings are scaled by
+``math.sqrt(width)`` in float32 (transformers rounds the scale to the weights' dtype first), and
+``build_pi05`` / ``set_precision`` with a low-precision dtype keep openpi's float32 modules
+(``FP32_MODULES``: SigLIP patch/position embeddings, every input/post-attention norm, the final
+norms) and cast the rest. DeepSpeed's bf16 mode casts every parameter to bf16 (its ZeRO
+partitions are flat buffers of one dtype) and keeps float32 masters in the optimizer, so under the
+engine the policy applies to the text scale and the norms' float32 arithmetic; the float32 module
+weights apply where the model runs without DeepSpeed (inference, evaluation, export loading).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
+import math
 import os
 
 import gin
@@ -59,6 +74,12 @@ GEMMA_300M = {
     "num_attention_heads": 8, "num_key_value_heads": 1, "head_dim": 256,
 }  # fmt: skip
 SHARED_HEADS = ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim")
+# openpi ``to_bfloat16_for_selected_params``: modules kept in float32 under bf16 (fnmatch on names)
+FP32_MODULES = (
+    "*.vision_model.embeddings.patch_embedding", "*.vision_model.embeddings.position_embedding",
+    "*.input_layernorm", "*.post_attention_layernorm", "*.language_model.norm",
+    "*.gemma_expert.model.norm",
+)  # fmt: skip
 
 
 @dataclasses.dataclass
@@ -82,6 +103,7 @@ class Pi05Config:
     attn_implementation: str = "sdpa"
     gradient_checkpointing: bool = False
     augment_images: bool = True  # openpi augmentation of uint8 ``frames`` batches in training
+    openpi_precision: bool = True  # float32 text scale; FP32_MODULES kept float32 (module doc)
 
     def vision_config(self) -> SiglipVisionConfig:
         config = SiglipVisionConfig.from_dict({**self.vision, "vision_use_head": False})
@@ -137,6 +159,17 @@ class Pi05Policy(nn.Module):
         self.time_mlp_in = nn.Linear(width, width)
         self.time_mlp_out = nn.Linear(width, width)
         freeze_unreachable(language_model)
+        self.text_scale: float | None = None
+        if config.openpi_precision:  # scale in float32 here, not rounded to the weights' dtype
+            embed = language_model.embed_tokens
+            self.text_scale = math.sqrt(language_model.config.hidden_size)
+            embed.scalar_embed_scale = 1.0
+            with torch.no_grad():
+                embed.embed_scale.fill_(1.0)
+        # float32 patch/position embeddings feed the encoder in its own dtype
+        siglip = getattr(vision_tower, "vision_model", vision_tower)  # transformers 4 / 5 layout
+        if hasattr(siglip, "encoder"):
+            siglip.encoder.register_forward_pre_hook(_inputs_to_own_dtype, with_kwargs=True)
 
     # ---- training ------------------------------------------------------------------------
 
@@ -209,6 +242,8 @@ class Pi05Policy(nn.Module):
 
     def prefix_from(self, image_tokens, image_valid, input_ids, attention_mask) -> Prefix:
         text = self.paligemma_with_expert.language_model.embed_tokens(input_ids)
+        if self.text_scale is not None:  # openpi: emb * math.sqrt(width), float32 arithmetic
+            text = (text.float() * self.text_scale).to(text.dtype)
         embeds = torch.cat([image_tokens.to(text.dtype), text], dim=1)
         return Prefix(embeds, torch.cat([image_valid, attention_mask.bool()], dim=1))
 
@@ -241,17 +276,26 @@ class Pi05Policy(nn.Module):
         beta: float = 1.0,
         num_steps: int | None = None,
         use_cache: bool = True,
+        guidance: str = "positive",
+        positive_only: bool = False,
     ) -> torch.Tensor:
         """float32[B, H, A] normalized actions: Euler steps from ``noise`` (t = 1) to t = 0 with
-        guided velocity v = v_u + beta (v_c - v_u). ``use_cache=False`` recomputes the prefix at
-        every step (the reference the cache must equal)."""
+        the guided velocity ``v = v_u + beta (v_g - v_u)`` (RLinf ``(1 - w) v_u + w v_g``).
+
+        ``guidance`` (RLinf ``guidance_type``): ``"positive"``: v_g from ``input_ids`` (the
+        "Advantage: positive" prompt); ``"negative"``: v_g from ``neg_input_ids`` (the
+        "Advantage: negative" prompt), refused when ``positive_only`` (the policy was trained
+        with ``positive_only_conditional``, so it never saw that prompt); ``"no_guide"``: v_u
+        alone (the plain prompt ``uncond_input_ids``; ``beta`` ignored). beta = 1 runs only the
+        guidance branch, beta = 0 only the plain one. ``use_cache=False`` recomputes the prefix
+        at every step (the reference the cache must equal)."""
         batch = self.with_images(batch)
         images, masks = batch["images"], batch["image_masks"]
         n = images.shape[0]
         steps = num_steps or self.config.num_steps
         shape = (n, self.config.action_horizon, self.config.action_dim)
         x = torch.randn(shape, device=images.device) if noise is None else noise.float()
-        prompts = guidance_prompts(batch, beta)
+        prompts = guidance_prompts(batch, beta, guidance, positive_only)
         tokens, valid = self.embed_images(images, masks)
         reps = len(prompts)
         ids, text_mask = stack_prompts(prompts)
@@ -261,8 +305,8 @@ class Pi05Policy(nn.Module):
             time = torch.full((n * reps,), 1.0 - k / steps, device=x.device)
             v = velocity(prefix, x.repeat(reps, 1, 1), time)
             if reps == 2:
-                v_cond, v_uncond = v.chunk(2)
-                v = v_uncond + beta * (v_cond - v_uncond)
+                v_guide, v_uncond = v.chunk(2)
+                v = v_uncond + beta * (v_guide - v_uncond)
             x = x - v / steps
         return x
 
@@ -296,19 +340,42 @@ class Pi05Policy(nn.Module):
         save_pi05(self, directory, layout)
 
 
-def guidance_prompts(batch: dict[str, torch.Tensor], beta: float) -> list[tuple]:
-    """The prompt batches whose velocities are combined: [cond] for beta = 1, [uncond] for
-    beta = 0, else [cond, uncond]."""
-    cond = (batch["input_ids"], batch["attention_mask"])
-    if beta == 1.0:
-        return [cond]
-    if "uncond_input_ids" not in batch or "uncond_attention_mask" not in batch:
+GUIDANCE = ("positive", "negative", "no_guide")
+GUIDANCE_KEYS = {"positive": ("input_ids", "attention_mask"),
+                 "negative": ("neg_input_ids", "neg_attention_mask"),
+                 "plain": ("uncond_input_ids", "uncond_attention_mask")}  # fmt: skip
+
+
+def _prompt(batch: dict[str, torch.Tensor], which: str, why: str) -> tuple:
+    keys = GUIDANCE_KEYS[which]
+    if any(k not in batch for k in keys):
         raise RecapError(
-            f"sample_actions: beta={beta} needs batch keys uncond_input_ids/uncond_attention_mask "
-            "(the plain task prompt); build them with recap.data.conditioning or use beta=1"
+            f"sample_actions: {why} needs batch keys {'/'.join(keys)} (the {which} prompt); "
+            "build them with recap.data.conditioning"
         )
-    uncond = (batch["uncond_input_ids"], batch["uncond_attention_mask"])
-    return [uncond] if beta == 0.0 else [cond, uncond]
+    return tuple(batch[k] for k in keys)
+
+
+def guidance_prompts(
+    batch: dict[str, torch.Tensor], beta: float, guidance: str = "positive",
+    positive_only: bool = False,
+) -> list[tuple]:  # fmt: skip
+    """The prompt batches whose velocities are combined: [guide] for beta = 1, [plain] for
+    beta = 0 or ``no_guide``, else [guide, plain] (``sample_actions``)."""
+    if guidance not in GUIDANCE:
+        raise RecapError(f"sample_actions: guidance={guidance!r}; use one of {GUIDANCE}")
+    if guidance == "negative" and positive_only:
+        raise RecapError(
+            "sample_actions: guidance='negative' is refused for a policy trained with "
+            "positive_only_conditional (it never saw the negative prompt); use 'positive' or "
+            "'no_guide'"
+        )
+    if guidance == "no_guide" or beta == 0.0:
+        return [_prompt(batch, "plain", f"guidance={guidance!r} beta={beta}")]
+    guide = _prompt(batch, guidance, f"guidance={guidance!r}")
+    if beta == 1.0:
+        return [guide]
+    return [guide, _prompt(batch, "plain", f"beta={beta}")]
 
 
 def stack_prompts(prompts: list[tuple]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -345,13 +412,39 @@ def freeze_unreachable(language_model: nn.Module) -> None:
         module.requires_grad_(False)
 
 
+def _inputs_to_own_dtype(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Forward pre-hook: floating inputs cast to the dtype of ``module``'s parameters."""
+    dtype = next(module.parameters()).dtype
+
+    def cast(x):
+        return x.to(dtype) if torch.is_tensor(x) and x.is_floating_point() else x
+
+    return tuple(cast(a) for a in args), {k: cast(v) for k, v in kwargs.items()}
+
+
+def keeps_fp32(name: str) -> bool:
+    """Module ``name`` is one openpi keeps in float32 under bf16 (``FP32_MODULES``)."""
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in FP32_MODULES)
+
+
+def set_precision(model: Pi05Policy, dtype: torch.dtype) -> Pi05Policy:
+    """Cast ``model`` to ``dtype``; with ``config.openpi_precision`` and a dtype below float32,
+    the ``FP32_MODULES`` stay float32 (openpi's bf16 policy; their forwards cast). Returns it."""
+    model.to(dtype)
+    if model.config.openpi_precision and dtype in (torch.bfloat16, torch.float16):
+        for name, module in model.named_modules():
+            if keeps_fp32(name):
+                module.float()
+    return model
+
+
 def build_pi05(config: Pi05Config, dtype: torch.dtype = torch.float32) -> Pi05Policy:
-    """Randomly initialized policy of ``dtype``; SigLIP and the Gemma decoder come from
-    transformers ``from_config`` (so ZeRO-3 partitions them at construction)."""
+    """Randomly initialized policy of ``dtype`` (``set_precision``); SigLIP and the Gemma
+    decoder come from transformers ``from_config`` (so ZeRO-3 partitions them at construction)."""
     config.validate()
     vision = AutoModel.from_config(config.vision_config(), dtype=dtype)
     text = AutoModel.from_config(config.text_config(), dtype=dtype)
-    return Pi05Policy(config, vision, text).to(dtype)
+    return set_precision(Pi05Policy(config, vision, text), dtype)
 
 
 @gin.configurable

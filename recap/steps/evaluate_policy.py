@@ -2,13 +2,16 @@
 
 Reads the same gin files as the training run (``train.run_dir``, ``pi05_policy.*``,
 ``policy_data.*``): the exported ``model.safetensors`` is loaded into ``pi05_policy()`` without
-DeepSpeed, and ``policy_data()`` supplies the training transforms (image size, normalization
-statistics, prompts, tokenizer). For each guidance strength beta, ``num_episodes`` seeded episodes
-of ``ReachEnv`` run in lockstep batches (``synthetic.evaluate_batch``); every step the policy
-samples an action chunk with v = v_uncond + beta (v_cond - v_uncond) between the prompt with the
-positive advantage text and the plain task, unnormalizes it and executes its first action
-(replanning each step). A behaviour-cloning policy (``conditioning = "none"``) has one prompt, so
-it is evaluated at beta 1 only. Success rates are printed and written to
+DeepSpeed, and ``policy_data()`` supplies the training transforms (image size, prompts in the
+run's style, tokenizer); the normalization statistics are the ones the run exported beside its
+weights (``{run_dir}/assets/<asset_id>/norm_stats.json``, openpi's layout), else
+``policy_data``'s, and one line says which. For each guidance strength beta, ``num_episodes``
+seeded episodes of ``ReachEnv`` run in lockstep batches (``synthetic.evaluate_batch``); every
+step the policy samples an action chunk with v = v_uncond + beta (v_cond - v_uncond) between the
+prompt with the positive advantage text and the plain task, unnormalizes it (openpi's inverse
+quantile map, on the first D dims) and executes its first action (replanning each step). A
+behaviour-cloning policy (``conditioning = "none"``) has one prompt, so it is evaluated at beta 1
+only. Success rates are printed and written to
 ``{run_dir}/closed_loop.json``.
 
     python scripts/evaluate_policy.py --gin_file demo/policy.gin
@@ -29,7 +32,7 @@ import torch
 
 import recap.steps.train  # noqa: F401  (registers train, policy_data and pi05_policy with gin)
 from recap.data.conditioning import normalize_quantile, unnormalize_quantile
-from recap.data.policy_data import NONE, PolicyDataset, policy_data
+from recap.data.policy_data import NONE, PolicyDataset, describe_stats, policy_data, run_stats
 from recap.data.synthetic import ReachConfig, evaluate_batch
 from recap.data.transforms import is_wrist, resize_frames
 from recap.engine.inference import load_exported
@@ -55,8 +58,10 @@ class PolicyAdapter:
         beta: float = 1.0,
         num_steps: int | None = None,
         seed: int = 0,
+        guidance: str = "positive",
     ):
         self.model, self.data, self.beta, self.num_steps = model.eval(), data, beta, num_steps
+        self.guidance = guidance
         self.generator = torch.Generator().manual_seed(seed)
 
     def batch(self, obs: dict) -> dict[str, torch.Tensor]:
@@ -73,15 +78,22 @@ class PolicyAdapter:
         plain = [self.data.prompt(t, None, s) for t, s in zip(obs["task"], state)]
         ids, mask = self.data.tokenize(cond)
         uncond_ids, uncond_mask = self.data.tokenize(plain)
-        return {"frames": slots, "image_masks": masks, "input_ids": ids, "attention_mask": mask,
-                "uncond_input_ids": uncond_ids, "uncond_attention_mask": uncond_mask}  # fmt: skip
+        batch = {"frames": slots, "image_masks": masks, "input_ids": ids, "attention_mask": mask,
+                 "uncond_input_ids": uncond_ids, "uncond_attention_mask": uncond_mask}  # fmt: skip
+        if self.guidance == "negative":  # RLinf: the "Advantage: negative" prompt guides
+            negative = [self.data.prompt(t, False, s) for t, s in zip(obs["task"], state)]
+            batch["neg_input_ids"], batch["neg_attention_mask"] = self.data.tokenize(negative)
+        return batch
 
     def __call__(self, obs: dict) -> np.ndarray:
         batch = self.batch(obs)
         config = self.model.config
         shape = (batch["frames"].shape[0], config.action_horizon, config.action_dim)
         noise = torch.randn(shape, generator=self.generator)
-        chunk = self.model.sample_actions(batch, noise, self.beta, self.num_steps)
+        positive_only = self.data.conditioning == "positive_only_conditional"
+        chunk = self.model.sample_actions(batch, noise, self.beta, self.num_steps,
+                                          guidance=self.guidance,
+                                          positive_only=positive_only)  # fmt: skip
         actions = unnormalize_quantile(chunk.double().numpy(), self.data.stats["action"])
         return actions[:, 0].astype(np.float32)
 
@@ -109,12 +121,20 @@ def evaluate_policy(
     num_steps: int | None = None,
     max_steps: int = 40,
     noise_seed: int = 0,
+    guidance: str = "positive",
 ) -> dict[str, float]:
     """Success rate per beta (``{"beta_1.0": rate, ...}``) over ``num_episodes`` episodes whose
     layouts come from ``seed`` (held out from the demo data's seeds); ``run_dir`` defaults to
-    ``train.run_dir``."""
+    ``train.run_dir``. ``guidance`` (RLinf's ``guidance_type``): ``"positive"``, ``"negative"``
+    (the "Advantage: negative" prompt as the guided branch; refused for a policy trained with
+    ``positive_only_conditional``) or ``"no_guide"`` (the plain prompt only)."""
     run = Path(run_dir if run_dir is not None else gin.query_parameter("train.run_dir"))
-    model, data = load_policy(model_fn, run), data_fn()
+    model, data = load_policy(model_fn, run), data_fn(export_stats=False)
+    stats, path = run_stats(run)
+    if stats is not None:
+        data.stats = {name: stats[name].first(len(data.stats[name])) for name in data.stats}
+    print(describe_stats(data.stats, str(path) if path else "policy_data (the run exported "
+                         "none)"), flush=True)  # fmt: skip
     if data.action_horizon != model.config.action_horizon:
         horizons = (
             f"{data.action_horizon} != pi05_policy.action_horizon {model.config.action_horizon}"
@@ -125,7 +145,7 @@ def evaluate_policy(
     results, config = {}, ReachConfig(max_steps=max_steps)
     for beta in betas:
         start = time.perf_counter()
-        adapter = PolicyAdapter(model, data, float(beta), num_steps, noise_seed)
+        adapter = PolicyAdapter(model, data, float(beta), num_steps, noise_seed, guidance)
         with torch.no_grad():
             rate = evaluate_batch(adapter, num_episodes, seed, batch_size, config)
         results[f"beta_{float(beta):g}"] = rate
@@ -133,6 +153,6 @@ def evaluate_policy(
         print(f"{run.name}: beta {float(beta):g}: success {rate:.3f} over {num_episodes} "
               f"episodes ({seconds:.0f} s)", flush=True)  # fmt: skip
     record = {"conditioning": data.conditioning, "num_episodes": num_episodes, "seed": seed,
-              "success": results}  # fmt: skip
+              "guidance": guidance, "success": results}  # fmt: skip
     (run / RESULTS_FILE).write_text(json.dumps(record, indent=2) + "\n")
     return results

@@ -63,11 +63,17 @@ def test_condition_tasks_texts():
 
 
 def test_pi05_prompt_with_discretized_state():
-    state = np.array([-1.0, 0.0, 1.0, 0.5, -3.0])
-    assert cond.discretize_state(state).tolist() == [0, 128, 255, 192, -1]
+    state = np.array([-1.0, 0.0, 1.0, 0.5, -3.0, 3.0])
+    assert cond.discretize_state(state).tolist() == [0, 128, 255, 192, -1, 255]  # openpi's bins
     prompt = cond.pi05_prompt("Pick_up the bowl\nAdvantage: positive", state[:3])
-    assert prompt == "Task: Pick up the bowl Advantage: positive, State: 0 128 255;\nAction: "
-    assert cond.pi05_prompt(" open_it\n") == "open it"
+    assert prompt == ("Task: Pick up the bowl Advantage: positive, State: 0 128 255;\nAction: ",)
+    lerobot = cond.pi05_prompt("Pick_up the bowl\nAdvantage: positive", state[:3], "lerobot")
+    assert lerobot == prompt  # with state both systems write the same text
+    assert cond.pi05_prompt(" open_it\n") == ("open it", "\n")
+    assert cond.pi05_prompt(" open_it\n", None, "lerobot") == ("Task: open it;\nAction: ",)
+    with pytest.raises(RecapError, match=r"^policy_data.prompt_style: 'rlinf' is not one of "
+                       r"\['openpi', 'lerobot'\]$"):  # fmt: skip
+        cond.pi05_prompt("a", None, "rlinf")
 
 
 def test_policy_and_inference_prompts_and_padding():
@@ -75,13 +81,18 @@ def test_policy_and_inference_prompts_and_padding():
     texts, conditional = cond.policy_prompts(["a_b", "c"], states, [True, False], prob=0.0)
     assert conditional.tolist() == [True, True]
     assert texts == [
-        "Task: a b Advantage: positive, State: 0 255;\nAction: ",
-        "Task: c Advantage: negative, State: 128 128;\nAction: ",
+        ("Task: a b Advantage: positive, State: 0 255;\nAction: ",),
+        ("Task: c Advantage: negative, State: 128 128;\nAction: ",),
     ]
     positive, plain = cond.inference_prompts(["c"], states[1:])
     assert (positive, plain) == (
-        ["Task: c Advantage: positive, State: 128 128;\nAction: "],
-        ["Task: c, State: 128 128;\nAction: "],
+        [("Task: c Advantage: positive, State: 128 128;\nAction: ",)],
+        [("Task: c, State: 128 128;\nAction: ",)],
+    )
+    positive, plain = cond.inference_prompts(["c"], None, "lerobot")
+    assert (positive, plain) == (
+        [("Task: c Advantage: positive;\nAction: ",)],
+        [("Task: c;\nAction: ",)],
     )
     padded, mask = cond.pad_last(torch.ones(2, 3, 7), 32)
     assert padded.shape == (2, 3, 32) and int(mask.sum()) == 7 and float(padded[..., 7:].sum()) == 0
@@ -120,17 +131,23 @@ def test_dataset_labels_names_the_missing_tag(tmp_path):
         cond.dataset_labels(tmp_path, "v1", np.array([0]), np.array([0]))
 
 
-def test_quantile_normalization_round_trip():
+def test_quantile_normalization_is_openpi_unclipped_and_round_trips():
     stats = cond.QuantileStats(q01=np.array([0.0, -2.0]), q99=np.array([1.0, 2.0]))
-    x = np.array([[0.5, 0.0], [2.0, -4.0]])
+    x = np.array([[0.5, 0.0], [2.0, -4.0], [-1.0, 6.0]])  # rows 2-3 outside [q01, q99]
     y = cond.normalize_quantile(x, stats)
-    assert np.allclose(y, [[0.0, 0.0], [1.0, -1.0]], atol=1e-5)  # clipped to [-1, 1]
-    padded = torch.tensor([[0.0, 0.0, 0.7], [1.0, -1.0, 0.7]])  # a padded third dim
+    # (x - q01) / (q99 - q01 + 1e-6) * 2 - 1, not clipped: 2 -> 3, -4 -> -2, -1 -> -3, 6 -> 3
+    expected = [[0.0, 0.0], [3.0, -2.0], [-3.0, 3.0]]
+    np.testing.assert_allclose(y, expected, atol=1e-5)
+    assert y[1, 0] == (2.0 - 0.0) / (1.0 + 1e-6) * 2.0 - 1.0  # openpi's formula, bit for bit
+    padded = np.concatenate([y, np.full((3, 1), 0.7)], axis=1)  # a padded third dim, dropped
     back = cond.unnormalize_quantile(padded, stats)
-    assert back.shape == (2, 2) and torch.allclose(
-        back, torch.tensor([[0.5, 0.0], [1.0, -2.0]]), atol=1e-5
-    )
+    assert back.shape == (3, 2)
+    np.testing.assert_allclose(back, x, atol=1e-9)  # outside values come back too
+    back_t = cond.unnormalize_quantile(torch.tensor(padded), stats)
+    torch.testing.assert_close(back_t, torch.tensor(x), atol=1e-9, rtol=0)
     assert torch.allclose(cond.normalize_quantile(torch.tensor(x), stats), torch.tensor(y))
+    bins = cond.discretize_state(y[:, 0])  # below -1 -> bin -1, above 1 -> 255 (openpi)
+    assert bins.tolist() == [127, 255, -1]  # the 1e-6 puts the midpoint at -1e-6: bin 127
 
 
 def test_quantile_stats_from_stats_json_or_columns(tmp_path):

@@ -125,15 +125,15 @@ def test_actions_are_normalized_chunks_that_round_trip(data):
     batch = ds.__getitems__([first, item])
     actions, mask = batch["actions"], batch["action_mask"]
     assert actions.shape == (2, H, 32) and mask.shape == (2, H, 32)
-    assert actions.abs().max() <= 1.0 and not mask[:, :, raw.shape[1] :].any()
+    assert not mask[:, :, raw.shape[1] :].any()
     assert mask[0, :, : raw.shape[1]].all()  # first frame: all H steps inside the episode
     assert mask[1, 0].any() and not mask[1, 1:].any()  # last frame: only its own action
     back = unnormalize_quantile(actions[0].double().numpy(), ds.stats["action"])
     chunk = raw[[int(np.flatnonzero((ep == ep[0]) & (fr == k))[0]) for k in range(H)]]
     q01, q99 = ds.stats["action"].q01, ds.stats["action"].q99
-    inside = (chunk >= q01) & (chunk <= q99)
-    np.testing.assert_allclose(back[inside], chunk[inside], atol=1e-5)
-    assert inside[:, :2].mean() > 0.5
+    np.testing.assert_allclose(back, chunk, atol=1e-5)  # unclipped (openpi): every value returns
+    outside = (chunk < q01) | (chunk > q99)
+    assert outside.any() and (actions[0, :, :7].abs() > 1.0).numpy().tolist() == outside.tolist()
     assert batch["frames"].dtype == torch.uint8 and batch["frames"].shape == (2, 3, 32, 32, 3)
     assert batch["image_masks"].tolist() == [[True, True, False]] * 2
 

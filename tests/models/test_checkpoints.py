@@ -168,3 +168,23 @@ def test_openpi_and_lerobot_configs(tmp_path):
 def test_real_size_parameter_count():
     assert ckpt.count_parameters() == 3_353_433_872  # SigLIP 412M + Gemma 2.51B + expert 0.43B
     assert ckpt.count_parameters(tiny_config()) == sum(p.numel() for p in tiny_model().parameters())
+
+
+def test_the_saved_key_set_is_openpis_at_the_real_sizes():
+    """``file_state`` of the real-size policy (meta device: nothing allocated) has exactly the
+    published openpi file's names and shapes: its 813 state-dict entries minus the tied text
+    embedding, which ``save_model`` stores once, as ``lm_head``."""
+    import json
+
+    from recap.models.checkpoints import file_state
+    from recap.models.pi05 import Pi05Config, build_pi05
+    from tests.helpers import REPO
+
+    real = json.loads((REPO / "tests/fixtures/formats/openpi_pi05_keys.json").read_text())
+    (tie,) = real["ties"]
+    expected = {k: list(v[0]) for k, v in real["state"].items() if k != tie[0]}
+    with torch.device("meta"):
+        model = build_pi05(Pi05Config())
+    saved = {k: list(v.shape) for k, v in file_state(model, "openpi").items()}
+    assert len(expected) == 812
+    assert saved == expected

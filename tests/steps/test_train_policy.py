@@ -116,3 +116,20 @@ def test_closed_loop_step_runs_every_beta(run):
     assert actions.shape == (2, 7) and np.isfinite(actions).all()
     again = PolicyAdapter(model, policy_data(), beta=2.0, seed=5)(obs)
     np.testing.assert_array_equal(actions, again)
+
+
+def test_the_evaluation_guides_with_each_rlinf_guidance_type(run):
+    model, data = reload(run), policy_data()
+    obs = {"images": {"image": np.full((2, 64, 64, 3), 90, np.uint8),
+                      "wrist_image": np.full((2, 64, 64, 3), 30, np.uint8)},
+           "state": np.zeros((2, 8), np.float32), "task": ["reach the red target"] * 2}  # fmt: skip
+
+    def act(beta, guidance):
+        return PolicyAdapter(model, data, beta=beta, seed=5, guidance=guidance)(obs)
+
+    # no_guide is the plain prompt alone: beta is ignored, and positive at beta 0 is the same
+    np.testing.assert_array_equal(act(3.0, "no_guide"), act(0.0, "positive"))
+    # negative guides with the "Advantage: negative" prompt: its batch carries that prompt
+    batch = PolicyAdapter(model, data, guidance="negative").batch(obs)
+    assert not torch.equal(batch["neg_input_ids"], batch["input_ids"])
+    assert not np.array_equal(act(2.0, "negative"), act(2.0, "positive"))
