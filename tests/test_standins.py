@@ -265,3 +265,35 @@ def test_same_seed_same_bytes_and_refusing_to_overwrite(standins, tmp_path, caps
     other = S.make_episodes(seed=1)["libero10_task0_train"][0].state
     assert not np.array_equal(other, S.make_episodes(seed=0)["libero10_task0_train"][0].state)
     assert pq.read_table(again.train / "data/chunk-000/episode_000000.parquet").num_rows == 11
+
+
+def test_a_config_less_checkpoint_loads_from_gin_with_a_named_variant(standins):
+    """openpi's training checkpoints carry no config.json: ``pi05_policy.variant`` names the
+    published config (pi05_libero: horizon 10), gin's sizes sit on top; a wrong name is one
+    line."""
+    import gin
+
+    import recap.models.pi05  # noqa: F401  (registers pi05_policy)
+    from recap.cli import parse_gin
+    from recap.errors import RecapError
+    from recap.models.pi05 import pi05_policy
+
+    sizes = {k: v for k, v in S.PI05_SIZES.items() if k != "action_horizon"}
+    params = [f"pi05_policy.{k} = {v!r}" for k, v in sizes.items()]
+    gin.clear_config()
+    try:
+        parse_gin([], [*params, f'pi05_policy.checkpoint = "{standins.pi05_checkpoint}"',
+                       'pi05_policy.variant = "pi05_libero"'])  # fmt: skip
+        model = pi05_policy()
+        assert model.config.action_horizon == 10
+        gin.bind_parameter("pi05_policy.variant", "pi05_base")  # horizon 50: shapes still fit
+        assert pi05_policy().config.action_horizon == 50
+        gin.bind_parameter("pi05_policy.variant", "pi05_libro")
+        with pytest.raises(RecapError) as err:
+            pi05_policy()
+        assert err.value.message == (  # gin appends "In call to configurable ..." lines
+            "pi05_policy.variant 'pi05_libro' is not one of ['pi05_base', 'pi05_droid', "
+            "'pi05_libero']; or leave it None and bind the sizes"
+        )
+    finally:
+        gin.clear_config()

@@ -249,6 +249,25 @@ class PolicyDataset(Dataset):
     def __len__(self) -> int:
         return int(self.source_of.shape[0])
 
+    def check_model(self, model) -> None:
+        """One-line ``RecapError`` when the tokenizer's ids do not fit the model's vocabulary
+        (e.g. Gemma3's 262,144-token tokenizer with π0.5's 257,152 embeddings) or the action
+        horizons differ: caught before training, not as an index error deep in a forward."""
+        vocab = int(model.config.text["vocab_size"])
+        size = len(self.tokenizer)
+        if size > vocab:
+            where = getattr(self.tokenizer, "path", None) or getattr(
+                self.tokenizer, "name_or_path", "policy_data.tokenizer_path"
+            )
+            raise RecapError(f"{where}: tokenizer vocabulary {size:,} exceeds the model's "
+                             f"{vocab:,} (pi05_policy.text vocab_size, or the checkpoint's); use "
+                             "the checkpoint's own tokenizer (PaliGemma's "
+                             "paligemma_tokenizer.model for π0.5: 257,152)")  # fmt: skip
+        if model.config.action_horizon != self.action_horizon:
+            raise RecapError(f"policy_data.action_horizon {self.action_horizon} != "
+                             f"pi05_policy.action_horizon {model.config.action_horizon}; "
+                             "bind both the same")  # fmt: skip
+
     def __getitems__(self, indices) -> dict:
         idx = np.asarray(indices, dtype=np.int64)
         src, rows, n = self.source_of[idx], self.row_of[idx], idx.shape[0]

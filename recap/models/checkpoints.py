@@ -144,12 +144,32 @@ def partitioned(model: torch.nn.Module) -> bool:
     return any(hasattr(p, "ds_id") for p in model.parameters())
 
 
-def read_config(directory: str | os.PathLike, **overrides) -> Pi05Config:
+# openpi's published π0.5 configs, by name: the fields a config-less checkpoint of each needs
+# beyond the real sizes (Pi05Config's defaults). pi05_libero: action_horizon 10.
+NAMED_VARIANTS = {"pi05_base": {}, "pi05_droid": {"action_horizon": 15},
+                  "pi05_libero": {"action_horizon": 10}}  # fmt: skip
+
+
+def variant_fields(variant: str | None) -> dict:
+    """``NAMED_VARIANTS[variant]`` (``{}`` for None); an unknown name is one line."""
+    if variant is None:
+        return {}
+    if variant not in NAMED_VARIANTS:
+        names = sorted(NAMED_VARIANTS)
+        raise RecapError(f"pi05_policy.variant {variant!r} is not one of {names}; "
+                         "or leave it None and bind the sizes")  # fmt: skip
+    return dict(NAMED_VARIANTS[variant])
+
+
+def read_config(
+    directory: str | os.PathLike, variant: str | None = None, **overrides
+) -> Pi05Config:
     """The config of a checkpoint directory: ``recap_pi05.json`` (exact), else the openpi /
     LeRobot ``config.json`` variants (``gemma_2b`` + ``gemma_300m``, horizon and action dim),
     else, for an openpi training checkpoint (``<step>/model.safetensors`` and no config file,
-    as ``scripts/train_pytorch.py`` writes it), ``Pi05Config(**overrides)``: the caller's sizes
-    (gin ``pi05_policy.*``), the real ones by default. ``overrides`` replace fields (e.g.
+    as ``scripts/train_pytorch.py`` writes it), the named openpi ``variant`` (``pi05_base``,
+    ``pi05_libero``, ...) with the caller's sizes (gin ``pi05_policy.*``) on top, the real ones
+    by default. ``overrides`` replace fields (e.g.
     ``action_horizon``, ``attn_implementation``)."""
     path = Path(directory)
     if (path / RECAP_CONFIG_FILE).is_file():
@@ -158,7 +178,7 @@ def read_config(directory: str | os.PathLike, **overrides) -> Pi05Config:
         return Pi05Config(**{k: v for k, v in fields.items() if k in known} | overrides)
     if not (path / CONFIG_FILE).is_file():
         if (path / WEIGHTS_FILE).is_file():  # an openpi training checkpoint
-            return Pi05Config(**overrides)
+            return Pi05Config(**variant_fields(variant) | overrides)
         raise RecapError(
             f"{path}: no {RECAP_CONFIG_FILE}, {CONFIG_FILE} or {WEIGHTS_FILE}{_steps_hint(path)}; "
             "point it at an openpi / LeRobot π0.5 checkpoint directory or pass a Pi05Config"

@@ -448,11 +448,15 @@ def build_pi05(config: Pi05Config, dtype: torch.dtype = torch.float32) -> Pi05Po
 
 
 @gin.configurable
-def pi05_policy(checkpoint: str | None = None, layout: str | None = None, **fields) -> Pi05Policy:
+def pi05_policy(
+    checkpoint: str | None = None, layout: str | None = None, variant: str | None = None, **fields
+) -> Pi05Policy:
     """Gin entry point: a local openpi/LeRobot/recap checkpoint directory, or (``checkpoint``
-    None) random init from ``Pi05Config`` ``fields`` (default: the real sizes)."""
-    if checkpoint is not None:
-        from recap.models.checkpoints import load_pi05
+    None) random init from ``Pi05Config`` ``fields`` (default: the real sizes). ``variant``
+    names an openpi config (``pi05_base``, ``pi05_libero``, ...) for checkpoints that carry no
+    config file (openpi's training checkpoints); ``fields`` still win."""
+    from recap.models.checkpoints import load_pi05, variant_fields
 
-        return load_pi05(checkpoint, layout=layout, **fields)
-    return build_pi05(Pi05Config(**fields))
+    if checkpoint is not None:
+        return load_pi05(checkpoint, layout=layout, variant=variant, **fields)
+    return build_pi05(Pi05Config(**variant_fields(variant) | fields))

@@ -135,11 +135,7 @@ def evaluate_policy(
         data.stats = {name: stats[name].first(len(data.stats[name])) for name in data.stats}
     print(describe_stats(data.stats, str(path) if path else "policy_data (the run exported "
                          "none)"), flush=True)  # fmt: skip
-    if data.action_horizon != model.config.action_horizon:
-        horizons = (
-            f"{data.action_horizon} != pi05_policy.action_horizon {model.config.action_horizon}"
-        )
-        raise RecapError(f"policy_data.action_horizon {horizons}; bind both the same")
+    data.check_model(model)
     if data.conditioning == NONE:
         betas = [1.0]  # one prompt: guidance has nothing to contrast
     results, config = {}, ReachConfig(max_steps=max_steps)

@@ -58,7 +58,15 @@ def train(
     )
     train_data = data_fn()
     eval_data = eval_data_fn() if eval_data_fn is not None else None
-    result = fit(model_fn, train_data, eval_data, config, options, Tracker())
+    check = getattr(train_data, "check_model", None)  # the data vets the model it will feed
+
+    def build():
+        model = model_fn()
+        if check is not None:
+            check(model)
+        return model
+
+    result = fit(build, train_data, eval_data, config, options, Tracker())
     if distributed.is_main():
         final = {**result.train_metrics, **result.eval_metrics}
         shown = ", ".join(f"{k} {v:.5g}" for k, v in final.items() if "loss" in k)

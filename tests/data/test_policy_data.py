@@ -155,3 +155,25 @@ def test_eval_split_uses_the_training_statistics(data):
         np.testing.assert_array_equal(held_out.stats[name].q99, train.stats[name].q99)
     with pytest.raises(RecapError, match="policy_data.eval_datasets: empty"):
         policy_data(split="eval", **{**kwargs, "eval_datasets": None})
+
+
+def test_the_data_refuses_a_model_its_tokens_or_chunks_do_not_fit(data):
+    from types import SimpleNamespace
+
+    ds = dataset(data)
+    size = len(ds.tokenizer)
+
+    def model(vocab, horizon=ds.action_horizon):
+        return SimpleNamespace(config=SimpleNamespace(text={"vocab_size": vocab},
+                                                      action_horizon=horizon))  # fmt: skip
+
+    ds.check_model(model(size))  # the demo's 32-word tokenizer and a 32-row embedding fit
+    with pytest.raises(RecapError) as err:
+        ds.check_model(model(size - 1))
+    assert str(err.value) == (
+        f"{data / 'tokenizer'}: tokenizer vocabulary {size} exceeds the model's {size - 1} "
+        "(pi05_policy.text vocab_size, or the checkpoint's); use the checkpoint's own tokenizer "
+        "(PaliGemma's paligemma_tokenizer.model for π0.5: 257,152)"
+    )
+    with pytest.raises(RecapError, match=r"^policy_data.action_horizon \d+ != pi05_policy"):
+        ds.check_model(model(size, ds.action_horizon + 1))
