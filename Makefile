@@ -41,6 +41,7 @@ bench: $(STAMP)
 	$(PY) bench/policy_sampling.py
 	$(PY) bench/value_data.py
 	$(PY) bench/value_inference.py
+	$(PY) bench/real_size.py
 
 clean:
 	rm -rf $(VENV) $(DEMO_DATA) mlflow.db mlruns runs .pytest_cache

@@ -16,7 +16,10 @@ Stages, in order (``needs`` in brackets): returns; value [returns]; advantages [
 policy [advantages]; baseline (behaviour cloning, no advantage text) []; evaluate_policy
 [policy]; evaluate_baseline [baseline]. Steps 2-4 run under ``deepspeed --num_gpus {ranks}``
 (or one plain process with ``pipeline.launcher = "python"``); Step 1 and the closed-loop
-evaluations (demo task only, ``pipeline.evaluate``) are single processes.
+evaluations (demo task only, ``pipeline.evaluate``) are single processes. Several nodes:
+``pipeline.hostfile`` / ``num_nodes`` / ``master_addr`` / ``multinode_launcher`` add
+``--hostfile`` / ``--num_nodes`` / ``--master_addr`` / ``--launcher`` to every ``deepspeed``
+command (``ranks`` is then per node).
 
 Content-addressed outputs: a stage's fingerprint hashes its full gin configuration (every
 binding of its files plus the extra ones) and the fingerprints of the stages it needs. Its run
@@ -57,6 +60,7 @@ from recap.errors import RecapError
 STEP_KEYS = ("returns", "value", "advantages", "policy", "baseline")
 SCOPES = (*STEP_KEYS, "evaluate", "all")
 MARKERS = ".pipeline"
+MULTINODE_LAUNCHERS = ("pdsh", "openmpi", "mvapich", "slurm", "impi")  # deepspeed --launcher
 _SCOPED = re.compile(r"^\s*(" + "|".join(SCOPES) + r")/(.+)$", re.DOTALL)
 
 
@@ -98,6 +102,10 @@ class PipelineConfig:
     stages: list[str]
     experiment: str
     sweep_name: str = ""
+    hostfile: str = ""
+    num_nodes: int = 0
+    master_addr: str = ""
+    multinode_launcher: str = ""
 
 
 @gin.configurable("pipeline")
@@ -112,6 +120,10 @@ def pipeline_config(
     stages: Sequence[str] | None = None,
     experiment: str = "pipeline",
     sweep_name: str = "",
+    hostfile: str = "",
+    num_nodes: int = 0,
+    master_addr: str = "",
+    multinode_launcher: str = "",
 ) -> PipelineConfig:
     """The pipeline's own settings (gin ``pipeline.*``).
 
@@ -123,6 +135,12 @@ def pipeline_config(
         launcher: ``"deepspeed"`` or ``"python"`` (one process; ranks must be 1).
         evaluate: run the closed-loop evaluations on the synthetic demo task.
         stages: run only these stages (default: every stage whose step has gin files).
+        hostfile: DeepSpeed hostfile (``node1 slots=8`` per line) for the distributed steps
+            (``deepspeed --hostfile``); ``ranks`` is then the processes per node.
+        num_nodes: ``deepspeed --num_nodes`` (0: every host of the hostfile).
+        master_addr: ``deepspeed --master_addr`` (empty: the first host of the hostfile).
+        multinode_launcher: ``deepspeed --launcher``, one of ``MULTINODE_LAUNCHERS`` (empty:
+            DeepSpeed's default, pdsh).
     """
     unknown = sorted(set(steps) - set(STEP_KEYS))
     if unknown:
@@ -135,6 +153,7 @@ def pipeline_config(
         raise RecapError(f"pipeline.launcher: {launcher!r}; use 'deepspeed' or 'python'")
     if ranks < 1 or (launcher == "python" and ranks != 1):
         raise RecapError(f"pipeline.ranks: {ranks}; use >= 1 (exactly 1 with launcher 'python')")
+    _check_multinode(launcher, hostfile, num_nodes, master_addr, multinode_launcher)
     default = [s.name for s in STAGES if s.step in steps and (evaluate or not s.evaluation)]
     chosen = list(stages) if stages is not None else default
     for stage in chosen:
@@ -156,7 +175,35 @@ def pipeline_config(
         stages=[s.name for s in STAGES if s.name in chosen],
         experiment=experiment,
         sweep_name=sweep_name,
+        hostfile=str(hostfile),
+        num_nodes=int(num_nodes),
+        master_addr=str(master_addr),
+        multinode_launcher=str(multinode_launcher),
     )
+
+
+def _check_multinode(
+    launcher: str, hostfile: str, num_nodes: int, master_addr: str, multinode_launcher: str
+) -> None:
+    """The multi-node options: one line for a bad value, before anything is planned."""
+    if multinode_launcher and multinode_launcher not in MULTINODE_LAUNCHERS:
+        raise RecapError(
+            f"pipeline.multinode_launcher: {multinode_launcher!r}; use one of "
+            f"{list(MULTINODE_LAUNCHERS)} (deepspeed --launcher)"
+        )
+    if int(num_nodes) < 0:
+        raise RecapError(f"pipeline.num_nodes: {num_nodes}; use >= 1 (0: every hostfile host)")
+    multinode = bool(hostfile or num_nodes or master_addr or multinode_launcher)
+    if multinode and launcher != "deepspeed":
+        raise RecapError(
+            f"pipeline.launcher: {launcher!r} runs one process; the multi-node options "
+            "(hostfile, num_nodes, master_addr, multinode_launcher) need 'deepspeed'"
+        )
+    if hostfile and not Path(hostfile).is_file():
+        raise RecapError(
+            f"pipeline.hostfile: {hostfile} is not a file; write one line per node, "
+            "e.g. 'node1 slots=8'"
+        )
 
 
 def split_params(params: Sequence[str]) -> tuple[list[str], dict[str, list[str]]]:
@@ -328,7 +375,8 @@ def finished(root: Path, item: Planned) -> dict | None:
 def command(item: Planned, config: PipelineConfig) -> tuple[list[str], dict[str, str]]:
     """Argv and environment of one stage (inherited rank variables dropped; a plain process
     sets its own up in ``distributed.init``): ``deepspeed --num_gpus N --master_port P --module
-    MODULE`` or ``python -m MODULE``, so an installed recap needs no checkout."""
+    MODULE`` (plus the multi-node flags that are set) or ``python -m MODULE``, so an installed
+    recap needs no checkout."""
     from recap.engine.distributed import free_port
 
     module = item.stage.module
@@ -339,8 +387,23 @@ def command(item: Planned, config: PipelineConfig) -> tuple[list[str], dict[str,
         launcher = Path(sys.executable).parent / "deepspeed"
         argv = [str(launcher) if launcher.exists() else "deepspeed"]
         argv += ["--num_gpus", str(config.ranks), "--master_port", str(free_port())]
+        argv += _multinode_flags(config)
         return [*argv, "--module", module, *flags], env
     return [sys.executable, "-m", module, *flags], env
+
+
+def _multinode_flags(config: PipelineConfig) -> list[str]:
+    """``deepspeed`` flags of the multi-node options that are set (none on one node)."""
+    flags = []
+    if config.hostfile:
+        flags += ["--hostfile", str(Path(config.hostfile).resolve())]
+    if config.num_nodes:
+        flags += ["--num_nodes", str(config.num_nodes)]
+    if config.master_addr:
+        flags += ["--master_addr", config.master_addr]
+    if config.multinode_launcher:
+        flags += ["--launcher", config.multinode_launcher]
+    return flags
 
 
 def _run_metrics(run_dir: Path) -> tuple[dict[str, float], dict[str, float]]:
