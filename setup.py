@@ -24,6 +24,7 @@ setup(
             "recap-plan-memory = recap.commands.plan_memory:main",
             "recap-sweep = recap.commands.sweep:main",
             "recap-demo-data = recap.commands.make_demo_data:main",
+            "recap-import = recap.commands.import_rlinf:main",
         ]
     },
     python_requires=">=3.10",

@@ -36,6 +36,7 @@ CONSOLE_SCRIPTS = {
     "recap-plan-memory": "recap.commands.plan_memory:main",
     "recap-sweep": "recap.commands.sweep:main",
     "recap-demo-data": "recap.commands.make_demo_data:main",
+    "recap-import": "recap.commands.import_rlinf:main",
 }
 
 

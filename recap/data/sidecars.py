@@ -96,6 +96,7 @@ def json_writer(obj: object) -> Callable[[Path], None]:
 # sidecar written before this record existed has no "source" and is accepted as it is.
 
 SOURCE = "source"
+SOURCE_KEY = b"recap.source"  # the same record in an advantages sidecar's parquet metadata
 
 
 def dataset_source(root: str | os.PathLike) -> dict:
@@ -125,9 +126,11 @@ def _footer(path: Path) -> bytes:
         return size.to_bytes(8, "little") + f.read(length)
 
 
-def check_source(sidecar: Path, root: str | os.PathLike, recorded: object) -> None:
-    """A sidecar whose recorded source (Step 1's ``dataset_source``) differs from the dataset
-    now was computed from other data: a one-line DatasetError saying to rerun Step 1.
+def check_source(
+    sidecar: Path, root: str | os.PathLike, recorded: object, step: str = "Step 1 (recap-returns)"
+) -> None:
+    """A sidecar whose recorded source (``dataset_source`` when ``step`` wrote it) differs from
+    the dataset now was computed from other data: a one-line DatasetError saying to rerun it.
     ``recorded`` None (a sidecar from before the record existed) is accepted."""
     if recorded is None:
         return
@@ -141,8 +144,8 @@ def check_source(sidecar: Path, root: str | os.PathLike, recorded: object) -> No
             located(
                 sidecar,
                 f"stale: computed from other data than the dataset now holds ({what} was "
-                f"{was}, is {now[what]}); the dataset changed after Step 1, rerun Step 1 "
-                "(scripts/compute_returns.py) with this tag",
+                f"{was}, is {now[what]}); the dataset changed after it was written, rerun "
+                f"{step} with this tag",
             )
         )
 
@@ -194,11 +197,21 @@ def check_schema(table: pa.Table, expected: pa.Schema) -> None:
 
 
 def read_returns(root: str | os.PathLike, tag: str) -> tuple[pa.Table, dict]:
-    """Read a Step 1 sidecar and its statistics written by ``write_returns``."""
+    """Read a Step 1 sidecar and its statistics written by ``write_returns``.
+
+    Without ``meta/returns_{tag}.json`` (RLinf's Step 1 writes none) the sidecar is checked
+    against the dataset and sorted, and the statistics are derived from it
+    (``recap.interop.rlinf.returns_statistics``)."""
     path = sidecar_path(root, RETURNS, tag)
     stats_path = sidecar_path(root, RETURNS, tag, ".json")
-    if not path.is_file() or not stats_path.is_file():
-        missing = path if not path.is_file() else stats_path
+    if path.is_file() and not stats_path.is_file():
+        from recap.interop.rlinf import returns_statistics
+
+        table = read_parquet(path, C.RETURNS_SCHEMA)
+        check_finite(path, table, [C.RETURN, C.REWARD])
+        return returns_statistics(root, path, table)
+    if not path.is_file():
+        missing = path
         found = ", ".join(repr(t) for t in sidecar_tags(root, RETURNS)) or "none"
         raise DatasetError(
             located(
@@ -324,14 +337,21 @@ def yaml_writer(obj: object) -> Callable[[Path], None]:
 
 
 def advantages_files(
-    root: str | os.PathLike, tag: str, table: pa.Table, record: dict
+    root: str | os.PathLike, tag: str, table: pa.Table, record: dict, source: dict | None = None
 ) -> dict[Path, Callable[[Path], None]]:
     """Writers (for one ``write_atomic``) of the advantages sidecar and the updated record file.
 
     The record file is read now and rewritten with this tag's entry; other tags are kept.
+    ``source`` (``dataset_source`` of the labelled dataset, as Step 3 and relabel pass it) goes
+    into the sidecar's parquet metadata (key ``recap.source``), and ``read_advantages`` compares
+    it with the dataset when it reads the sidecar.
     """
     check_tag(tag)
     check_schema(table, C.ADVANTAGES_SCHEMA)
+    metadata = {k: v for k, v in (table.schema.metadata or {}).items() if k != SOURCE_KEY}
+    if source is not None:
+        metadata[SOURCE_KEY] = json.dumps(source, sort_keys=True).encode()
+    table = table.replace_schema_metadata(metadata)
     config = merge_tag_record(read_mixture_config(root), tag, record)
     return {
         sidecar_path(root, ADVANTAGES, tag): table_writer(table),
@@ -339,9 +359,11 @@ def advantages_files(
     }
 
 
-def write_advantages(root: str | os.PathLike, tag: str, table: pa.Table, record: dict) -> Path:
+def write_advantages(
+    root: str | os.PathLike, tag: str, table: pa.Table, record: dict, source: dict | None = None
+) -> Path:
     """Write ``meta/advantages_{tag}.parquet`` and the tag's record atomically; returns the path."""
-    write_atomic(advantages_files(root, tag, table, record))
+    write_atomic(advantages_files(root, tag, table, record, source))
     return sidecar_path(root, ADVANTAGES, tag)
 
 
@@ -366,7 +388,10 @@ def read_advantages(root: str | os.PathLike, tag: str) -> tuple[pa.Table, dict]:
             )
         )
     table = read_parquet(path, C.ADVANTAGES_SCHEMA)
-    table = table.replace_schema_metadata(pq.read_schema(path).metadata)
+    metadata = pq.read_schema(path).metadata or {}
+    if SOURCE_KEY in metadata:  # sidecars from before the record (and RLinf's) have none
+        check_source(path, root, json.loads(metadata[SOURCE_KEY]), "Step 3 (recap-advantages)")
+    table = table.replace_schema_metadata(metadata)
     config = read_mixture_config(root)
     record = (config.get("tags") or {}).get(tag)
     if record is None and not tag and "unified_threshold" in config:

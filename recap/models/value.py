@@ -9,6 +9,12 @@ learned CLS token at position ``valid.sum()`` through ``expert_depth`` Gemma lay
 attends to backbone layer i's keys/values plus its own. ``head.proj`` maps the CLS state to
 ``num_bins`` logits over atoms ``linspace(v_min, v_max)``; V = E[atom].
 
+``expert_style``: ``"gemma3"`` (default) builds the expert from stock Gemma3 decoder layers;
+``"gemma1"`` is RLinf's critic expert (``Gemma1Expert``: input and post-attention RMSNorm
+``x * rsqrt(mean(x^2) + eps) * (1 + w)`` only, no q/k norms, gated gelu-tanh MLP, RoPE base
+10000, scores scaled by ``head_dim ** -0.5``), whose weights map one to one onto RLinf's
+``value_expert.experts.value.model.*`` keys (``recap.interop.rlinf``).
+
 Only backbone layers ``0..expert_depth-1`` are read, so with ``truncate_backbone`` (default) the
 text model is built with ``expert_depth`` layers (later pretrained layers are never loaded) and the
 last of them only projects keys/values (``layers.run_prefix``); parameters that cannot reach the
@@ -41,6 +47,9 @@ CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 WEIGHT_FILES = (WEIGHTS_FILE, "model.safetensors.index.json", "pytorch_model.bin")
 ATTENTION = ("sdpa", "eager")
+EXPERT_STYLES = ("gemma3", "gemma1")
+GEMMA1_ROPE_THETA = 10_000.0
+GEMMA1_RMS_EPS = 1e-6
 
 SIGLIP_SO400M_224 = {
     "hidden_size": 1152, "intermediate_size": 4304, "num_hidden_layers": 27,
@@ -75,6 +84,7 @@ class ValueModelConfig:
     v_max: float = 0.0
     truncate_backbone: bool = True
     attn_implementation: str = "sdpa"
+    expert_style: str = "gemma3"
 
     def vision_config(self) -> SiglipVisionConfig:
         config = SiglipVisionConfig.from_dict({**self.vision, "vision_use_head": False})
@@ -98,6 +108,8 @@ class ValueModelConfig:
         problems = []
         if self.attn_implementation not in ATTENTION:
             problems.append(f"attn_implementation {self.attn_implementation!r} not in {ATTENTION}")
+        if self.expert_style not in EXPERT_STYLES:
+            problems.append(f"expert_style {self.expert_style!r} not in {EXPERT_STYLES}")
         if not 1 <= self.expert_depth <= text.num_hidden_layers:
             problems.append(f"expert_depth {self.expert_depth} not in 1..{text.num_hidden_layers}")
         if self.expert_kv_heads != text.num_key_value_heads:
@@ -127,9 +139,19 @@ class ValueModel(nn.Module):
         self.projector = nn.Linear(vision_tower.config.hidden_size, text.hidden_size)
         self.language_model = language_model
         c = config
-        self.expert = layers.CriticExpert(layers.expert_config(
-            text, c.expert_width, c.expert_depth, c.expert_mlp, c.expert_heads,
-            c.expert_kv_heads, c.expert_head_dim))  # fmt: skip
+        if c.expert_style == "gemma1":
+            self.expert = Gemma1Expert(
+                c.expert_width,
+                c.expert_depth,
+                c.expert_mlp,
+                c.expert_heads,
+                c.expert_kv_heads,
+                c.expert_head_dim,
+            )
+        else:
+            self.expert = layers.CriticExpert(layers.expert_config(
+                text, c.expert_width, c.expert_depth, c.expert_mlp, c.expert_heads,
+                c.expert_kv_heads, c.expert_head_dim))  # fmt: skip
         self.head = nn.ModuleDict(
             {"cls": nn.Embedding(1, c.expert_width), "proj": nn.Linear(c.expert_width, c.num_bins)}
         )
@@ -166,6 +188,8 @@ class ValueModel(nn.Module):
         batch_size = embeds.shape[0]
         token = self.head["cls"](torch.zeros(batch_size, 1, dtype=torch.long, device=valid.device))
         token_pos = valid.long().sum(dim=1, keepdim=True)
+        if isinstance(self.expert, Gemma1Expert):
+            return self.head["proj"](self.expert(token, kvs, valid, token_pos))
         types = self.language_model.config.layer_types[:depth]
         ropes = {t: self.language_model.rotary_emb(token, token_pos, t) for t in set(types)}
         hidden = self.expert(token, kvs, valid, [ropes[t] for t in types])
@@ -218,6 +242,94 @@ class ValueModel(nn.Module):
         (path / CONFIG_FILE).write_text(json.dumps(dataclasses.asdict(self.config), indent=2))
         state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
         save_file(state, str(path / WEIGHTS_FILE), metadata={"format": "pt"})
+
+
+class Gemma1RMSNorm(nn.Module):
+    """Gemma RMSNorm ``x * rsqrt(mean(x^2) + eps) * (1 + w)``, computed in float32."""
+
+    def __init__(self, width: int, eps: float = GEMMA1_RMS_EPS):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.zeros(width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x.float()
+        y = y * torch.rsqrt(y.square().mean(-1, keepdim=True) + self.eps)
+        return (y * (1.0 + self.weight.float())).to(x.dtype)
+
+
+class Gemma1Layer(nn.Module):
+    """A Gemma1 decoder layer's weights (``GemmaDecoderLayer`` names, no biases)."""
+
+    def __init__(self, width: int, mlp: int, heads: int, kv_heads: int, head_dim: int):
+        super().__init__()
+        self.self_attn = nn.ModuleDict({
+            "q_proj": nn.Linear(width, heads * head_dim, bias=False),
+            "k_proj": nn.Linear(width, kv_heads * head_dim, bias=False),
+            "v_proj": nn.Linear(width, kv_heads * head_dim, bias=False),
+            "o_proj": nn.Linear(heads * head_dim, width, bias=False),
+        })  # fmt: skip
+        self.mlp = nn.ModuleDict({
+            "gate_proj": nn.Linear(width, mlp, bias=False),
+            "up_proj": nn.Linear(width, mlp, bias=False),
+            "down_proj": nn.Linear(mlp, width, bias=False),
+        })  # fmt: skip
+        self.input_layernorm = Gemma1RMSNorm(width)
+        self.post_attention_layernorm = Gemma1RMSNorm(width)
+
+
+class Gemma1Expert(nn.Module):
+    """RLinf's critic expert: Gemma1 layers over one token; layer i attends to the backbone
+    layer i's keys/values float[B, K, P, D] (valid ones) plus its own key/value. Blocks
+    ``x + attn(rms(x))``, ``x + mlp(rms(x))``, then the final norm; RoPE base 10000 at the
+    token's position."""
+
+    def __init__(self, width: int, depth: int, mlp: int, heads: int, kv_heads: int,
+                 head_dim: int):  # fmt: skip
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.layers = nn.ModuleList(
+            Gemma1Layer(width, mlp, heads, kv_heads, head_dim) for _ in range(depth)
+        )
+        self.norm = Gemma1RMSNorm(width)
+
+    def rope(self, position: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin float32[B, 1, D] at int64[B, 1] ``position`` (base 10000, Gemma halves)."""
+        half = torch.arange(0, self.head_dim, 2, dtype=torch.float32, device=position.device)
+        inv = 1.0 / (GEMMA1_ROPE_THETA ** (half / self.head_dim))
+        angles = position.float()[..., None] * inv
+        angles = torch.cat([angles, angles], dim=-1)
+        return angles.cos(), angles.sin()
+
+    def forward(self, token: torch.Tensor, prefix: list, valid: torch.Tensor,
+                position: torch.Tensor) -> torch.Tensor:  # fmt: skip
+        """float[B, W] final hidden state of ``token`` float[B, 1, W] at ``position``."""
+        cos, sin = self.rope(position)
+        bias = torch.zeros(valid.shape, dtype=torch.float32, device=valid.device)
+        bias = bias.masked_fill(~valid, float("-inf"))
+        bias = torch.cat([bias, bias.new_zeros(valid.shape[0], 1)], dim=1)[:, None, None, :]
+        hidden = token
+        for layer, kv in zip(self.layers, prefix):
+            attn = layer.self_attn
+            x = layer.input_layernorm(hidden)
+            b = x.shape[0]
+            q = attn["q_proj"](x).view(b, 1, self.heads, self.head_dim).transpose(1, 2)
+            k = attn["k_proj"](x).view(b, 1, self.kv_heads, self.head_dim).transpose(1, 2)
+            v = attn["v_proj"](x).view(b, 1, self.kv_heads, self.head_dim).transpose(1, 2)
+            q = layers.apply_rope(q, cos.to(q.dtype), sin.to(q.dtype))
+            k = layers.apply_rope(k, cos.to(k.dtype), sin.to(k.dtype))
+            keys = torch.cat([kv[0].to(k.dtype), k], dim=2)
+            values = torch.cat([kv[1].to(v.dtype), v], dim=2)
+            groups = self.heads // self.kv_heads
+            keys, values = keys.repeat_interleave(groups, 1), values.repeat_interleave(groups, 1)
+            scores = (q.float() @ keys.float().transpose(2, 3)) * self.head_dim**-0.5 + bias
+            out = (scores.softmax(dim=-1).to(values.dtype) @ values).transpose(1, 2)
+            hidden = hidden + attn["o_proj"](out.reshape(b, 1, -1))
+            x = layer.post_attention_layernorm(hidden)
+            m = layer.mlp
+            gate = nn.functional.gelu(m["gate_proj"](x), approximate="tanh")
+            hidden = hidden + m["down_proj"](gate * m["up_proj"](x))
+        return self.norm(hidden)[:, 0]
 
 
 def freeze_unread(language_model: nn.Module, depth: int) -> None:

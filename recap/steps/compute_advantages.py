@@ -50,6 +50,7 @@ from recap.data.sidecars import (
     ADVANTAGES,
     advantages_files,
     check_tag,
+    dataset_source,
     read_returns,
     sidecar_path,
     write_atomic,
@@ -120,7 +121,8 @@ def compute_advantages(
     counts = {s.name: t.num_rows for s, t in zip(plan.specs, plan.returns, strict=True)}
     parts = split_datasets(labeled, counts)
     record = plan.record(labeling_of(labeled), correction_column)
-    files = [advantages_files(s.root, tag, parts[s.name], record) for s in plan.specs]
+    files = [advantages_files(s.root, tag, parts[s.name], record, dataset_source(s.root))
+             for s in plan.specs]  # fmt: skip
     write_atomic({path: writer for f in files for path, writer in f.items()})
     out = Path(output_dir) if output_dir else Path("runs") / f"advantages_{tag or 'untagged'}"
     report(plan, data, parts, record, out, plot_episodes, {"time/frames_per_s": rate})

@@ -35,6 +35,7 @@ from recap.data.sidecars import (
     ADVANTAGES,
     advantages_files,
     check_tag,
+    dataset_source,
     read_advantages,
     sidecar_path,
     write_atomic,
@@ -142,7 +143,8 @@ def relabel(
         start += table.num_rows
         record = relabel_record(source, labeled, specs, source_tag)
         record["correction_column"] = correction_column
-        files.update(advantages_files(spec.root, new_tag, part, record))
+        files.update(advantages_files(spec.root, new_tag, part, record,
+                                      dataset_source(spec.root)))  # fmt: skip
     write_atomic(files)
     _print_summary(parts, labeling_of(labeled), source_tag, new_tag)
     return {s.name: sidecar_path(s.root, ADVANTAGES, new_tag) for s in specs}

@@ -146,8 +146,7 @@ def test_stale_sidecar_after_the_dataset_is_rewritten(tmp_path, capsys):
         f"was {digest}, is sha256:"
     )
     assert info.value.message.endswith(
-        "); the dataset changed after Step 1, rerun Step 1 (scripts/compute_returns.py) with "
-        "this tag"
+        "); the dataset changed after it was written, rerun Step 1 (recap-returns) with this tag"
     )
     # a sidecar written before the record existed (no "source") is accepted as it is
     del stats["source"]

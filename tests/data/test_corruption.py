@@ -37,7 +37,13 @@ from recap.data.conditioning import dataset_labels
 from recap.data.lerobot import LocalDataset
 from recap.data.lerobot_writer import WriterConfig, write_lerobot_dataset
 from recap.data.loader import FrameDataset, make_loader
-from recap.data.sidecars import read_advantages, read_returns, write_advantages
+from recap.data.sidecars import (
+    SOURCE_KEY,
+    dataset_source,
+    read_advantages,
+    read_returns,
+    write_advantages,
+)
 from recap.data.synthetic import (
     ACTION_NAMES,
     ROLLOUT_MIX,
@@ -77,7 +83,23 @@ def _prepare(root: Path) -> None:
     rng = ReturnRange(stats["return_min"], stats["return_max"])
     out = add_advantages(table, return_range=rng, lookahead=3, labels=LabelOptions(0.3, "global"))
     out = out.cast(C.ADVANTAGES_SCHEMA.with_metadata(out.schema.metadata))
-    write_advantages(root, "a", out, {**labeling_of(out), "datasets": [{"name": "d"}]})
+    write_advantages(root, "a", out, {**labeling_of(out), "datasets": [{"name": "d"}]},
+                     dataset_source(root))  # fmt: skip
+
+
+def labelled_after(corrupt):
+    """``corrupt``, then the advantages sidecar labelled as if Step 3 had run on the result
+    (its recorded source restamped): the data was bad when Step 3 read it, not changed since."""
+
+    def run(root: Path):
+        corrupt(root)
+        path = root / ADV_A
+        table = pq.read_table(path)
+        source = json.dumps(dataset_source(root), sort_keys=True).encode()
+        pq.write_table(table.replace_schema_metadata({**table.schema.metadata,
+                                                      SOURCE_KEY: source}), path)  # fmt: skip
+
+    return run
 
 
 @pytest.fixture(scope="module")
@@ -377,8 +399,9 @@ CASES = [
     ("task_index_unknown", V30, edit_parquet(DATA30, column(
         C.TASK_INDEX, lambda v: set_at(v, 5, 7))), S, "meta/tasks.parquet",
      "task_index 7 has no task text; add it to the tasks file"),
-    ("task_index_null", V21, edit_parquet(v21_data(1), column(
-        C.TASK_INDEX, lambda v: pa.array([None] + v[1:].tolist(), pa.int64()))), R, v21_data(1),
+    ("task_index_null", V21, labelled_after(edit_parquet(v21_data(1), column(
+        C.TASK_INDEX, lambda v: pa.array([None] + v[1:].tolist(), pa.int64())))), R,
+     v21_data(1),
      f"column 'task_index': episode 1 frame 0 has value null; {INDEX}"),
     ("image_cell_garbage", V30, edit_parquet(DATA30, png_cell(5, b"not an image")), F,
      f"{DATA30} column 'observation.images.image'",
@@ -423,6 +446,11 @@ CASES = [
         r / v21_video("image", 3), r / v21_video("image", 2)), F, v21_video("image", 2), None),
     # -- sidecars
     ("returns_stale", V30, rewrite_data_after_step1, RR, RET_T, None),
+    ("advantages_stale", V30, rewrite_data_after_step1, L, ADV_A, None),
+    ("advantages_stale_relabel", V30, rewrite_data_after_step1, R, ADV_A, None),
+    ("timestamps_off_fps", V21, edit_parquet(v21_data(1), column(
+        "timestamp", lambda v: pa.array((v * 3).astype(v.dtype)))), F, v21_video("image", 1),
+     None),
     ("returns_nan", V21, edit_parquet(RET_T, column(C.RETURN, lambda v: set_at(v, 4, np.nan))), RR,
      RET_T, "column 'return': episode 0 frame 4 has value nan (not finite); the sidecar is "
      "corrupt, recompute it"),
@@ -448,11 +476,12 @@ CASES = [
         [t, t.slice(0, 2).set_column(0, C.EPISODE_INDEX, pa.array([9, 9]))])), L, ADV_A,
      "2 rows match no frame of the dataset (computed from other data); recompute the "
      "advantages (Step 3) for this dataset"),
-    ("correction_0_2", V30, edit_parquet(DATA30, add_column(
-        "is_correction", lambda n: pa.array(np.arange(n) % 3))), R, DATA30,
+    ("correction_0_2", V30, labelled_after(edit_parquet(DATA30, add_column(
+        "is_correction", lambda n: pa.array(np.arange(n) % 3)))), R, DATA30,
      f"column 'is_correction': episode 0 frame 2 has value 2; {FLAG}"),
-    ("correction_float_0_1_all_false", V21, edit_parquet("data/chunk-000/*.parquet", add_column(
-        "is_correction", lambda n: pa.array(np.zeros(n)))), R, "", CLEAN),
+    ("correction_float_0_1_all_false", V21, labelled_after(edit_parquet(
+        "data/chunk-000/*.parquet", add_column("is_correction", lambda n: pa.array(np.zeros(n))))),
+     R, "", CLEAN),
 ]  # fmt: skip
 
 
@@ -493,8 +522,14 @@ SPECIAL = {
     "video_truncated": "restore it from the source dataset",
     "video_shorter_than_episode": "does not match the parquet timestamps, re-encode it or "
     "restore the dataset",
-    "returns_stale": "the dataset changed after Step 1, rerun Step 1 "
-    "(scripts/compute_returns.py) with this tag",
+    "returns_stale": "the dataset changed after it was written, rerun Step 1 (recap-returns) "
+    "with this tag",
+    "advantages_stale": "the dataset changed after it was written, rerun Step 3 "
+    "(recap-advantages) with this tag",
+    "advantages_stale_relabel": "the dataset changed after it was written, rerun Step 3 "
+    "(recap-advantages) with this tag",
+    "timestamps_off_fps": "does not match the parquet timestamps, re-encode it or restore the "
+    "dataset",
     "returns_json_garbage": "rerun Step 1",
     "advantage_label_0_2": FLAG,
     "advantage_row_missing": "recompute the advantages for this dataset or pick its tag",

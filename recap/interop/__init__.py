@@ -1,0 +1,1 @@
+"""Reading and writing other RECAP implementations' artifacts (``rlinf``: RLinf's files)."""

@@ -1,0 +1,280 @@
+"""RLinf's RECAP artifacts (``/work/shared/FORMATS.md``, "RLinf RECAP").
+
+Returns: RLinf's Step 1 writes ``meta/returns_{tag}.parquet`` with recap's columns but no
+``meta/returns_{tag}.json`` (its statistics go into ``meta/stats.json``), with rows possibly in
+completion order, and it finds episode boundaries per data file, so an episode spanning two
+LeRobot v3.0 data files comes out as two episodes. ``returns_statistics`` checks such a sidecar
+against the dataset (every frame exactly once, no episode split) and derives what recap's Step 1
+records: return min/max/mean/std, frame/episode/success counts, the longest episode per task,
+the failure reward and gamma (inferred from ``G_t = r_t + gamma * G_{t+1}``; 1.0 when no frame
+determines it, said in ``gamma_source``). Everything is whole-column numpy.
+
+Value model: ``import_value_state`` / ``export_value_state`` map RLinf's full state dict (see
+``recap.models.value``'s ``expert_style = "gemma1"``) to recap's keys and back.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from recap import __version__
+from recap.core import columns as C
+from recap.core.episodes import FrameIndexError, find_episodes
+from recap.core.returns import STEP_REWARD, return_stats
+from recap.errors import DatasetError, located
+
+RLINF = "rlinf"
+# |G_t - r_t - gamma G_{t+1}| allowed, relative to max(1, |G_t|): returns are stored float32
+RECURRENCE_TOLERANCE = 1e-4
+SPLIT_FIX = (
+    "RLinf's Step 1 finds episode boundaries per data file, so an episode spanning two data "
+    "files was split in two; recompute the returns with recap's Step 1 (scripts/compute_returns.py)"
+)
+
+
+def returns_statistics(
+    root: str | os.PathLike, path: Path, table: pa.Table
+) -> tuple[pa.Table, dict]:
+    """``(table sorted by (episode_index, frame_index), stats)`` of a returns sidecar without
+    its JSON (RLinf's Step 1), checked against the dataset at ``root``; one-line DatasetError
+    naming ``path`` when a frame is missing or extra, or an episode was split."""
+    from recap.data.lerobot import LocalDataset
+
+    with LocalDataset(root) as ds:
+        frames = ds.read_columns([C.EPISODE_INDEX, C.FRAME_INDEX], check_frames=False)
+        data = ds.check_frames(frames)
+    ep = table.column(C.EPISODE_INDEX).to_numpy()
+    fr = table.column(C.FRAME_INDEX).to_numpy()
+    try:
+        side = find_episodes(ep, fr)
+    except FrameIndexError as exc:
+        raise DatasetError(located(path, f"{exc.message}; {SPLIT_FIX}")) from exc
+    if not side.presorted:
+        table = table.take(pa.array(side.order))
+    _check_frames(path, side, data)
+    reward = table.column(C.REWARD).to_numpy().astype(np.float64)
+    ret = table.column(C.RETURN).to_numpy().astype(np.float64)
+    last = side.is_last
+    inner = ~last
+    early_end = inner & (reward != STEP_REWARD)
+    if early_end.any():
+        i = int(np.argmax(early_end))
+        _split(path, side, i, f"reward {reward[i]:g} (an episode end) before its last frame")
+    end_bad = last & ~_close(ret, reward)
+    if end_bad.any():
+        i = int(np.argmax(end_bad))
+        raise DatasetError(located(path, f"episode {int(side.episode_ids[side.episode_of[i]])} "
+                                         f"frame {int(side.position[i])}: return {ret[i]:g} at "
+                                         f"the last frame is not its reward {reward[i]:g}; the "
+                                         "sidecar is corrupt, recompute it"))  # fmt: skip
+    gamma, source = infer_gamma(ret, reward, inner)
+    nxt = np.append(ret[1:], 0.0)
+    bad = inner & ~_close(ret, reward + gamma * nxt)
+    if bad.any():
+        i = int(np.argmax(bad))
+        _split(path, side, i, f"return {ret[i]:g} does not continue into frame "
+                              f"{int(side.position[i]) + 1} (return {nxt[i]:g}) with gamma "
+                              f"{gamma:g}")  # fmt: skip
+    return table, _stats(Path(root), table, side, reward, ret, gamma, source)
+
+
+def _close(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.abs(a - b) <= RECURRENCE_TOLERANCE * np.maximum(1.0, np.abs(a))
+
+
+def _split(path: Path, side, i: int, what: str) -> None:
+    e = int(side.episode_ids[side.episode_of[i]])
+    raise DatasetError(located(path, f"episode {e} frame {int(side.position[i])}: {what}; "
+                                     f"{SPLIT_FIX}"))  # fmt: skip
+
+
+def _check_frames(path: Path, side, data) -> None:
+    """The sidecar's sorted keys are exactly the dataset's."""
+    s_ep = np.repeat(side.episode_ids, side.lengths)
+    d_ep = np.repeat(data.episode_ids, data.lengths)
+    if s_ep.size == d_ep.size and np.array_equal(s_ep, d_ep):
+        return  # same episodes, each 0..T-1 of the same length
+    d_len = dict(zip(data.episode_ids.tolist(), data.lengths.tolist()))
+    s_len = dict(zip(side.episode_ids.tolist(), side.lengths.tolist()))
+    for e in sorted(set(d_len) | set(s_len)):
+        has, want = s_len.get(e, 0), d_len.get(e, 0)
+        if has != want:
+            what = (f"no rows for frames {has}..{want - 1} of episode {e}" if has < want
+                    else f"rows for frames {want}..{has - 1} of episode {e}, which the dataset "
+                    "lacks")  # fmt: skip
+            raise DatasetError(located(path, f"{what} ({side.num_frames} rows for "
+                                             f"{data.num_frames} frames); the sidecar was "
+                                             "computed from other data, recompute it"))  # fmt: skip
+
+
+def infer_gamma(ret: np.ndarray, reward: np.ndarray, inner: np.ndarray) -> tuple[float, str]:
+    """``(gamma, how)`` from float64[n] sorted returns/rewards: least squares over the frames
+    before an episode's last with a nonzero next return, rounded to 6 decimals; 1.0 when there
+    are none (``how`` says which)."""
+    nxt = np.append(ret[1:], 0.0)
+    use = inner & (nxt != 0.0)
+    if not use.any():
+        return 1.0, "default 1.0 (no frame determines it)"
+    g = float(np.dot(ret[use] - reward[use], nxt[use]) / np.dot(nxt[use], nxt[use]))
+    return round(g, 6), f"inferred from {int(use.sum())} frames"
+
+
+def _stats(root: Path, table, side, reward, ret, gamma: float, gamma_source: str) -> dict:
+    last_reward = reward[side.ends - 1]
+    failures = np.unique(last_reward[last_reward != 0.0])
+    prompts = pc.dictionary_encode(table.column(C.PROMPT)).combine_chunks()
+    by_episode = prompts.indices.to_numpy()[side.ends - 1]
+    longest = np.zeros(len(prompts.dictionary), dtype=np.int64)
+    np.maximum.at(longest, by_episode, side.lengths)
+    seen = np.zeros(len(prompts.dictionary), dtype=bool)
+    seen[by_episode] = True
+    names = prompts.dictionary.to_pylist()
+    return {
+        **return_stats(ret),
+        "dataset_name": root.name,
+        "dataset_type": None,
+        "gamma": gamma,
+        "gamma_source": gamma_source,
+        "failure_reward": float(failures[0]) if failures.size == 1 else None,
+        "outcome_column": None,
+        "num_frames": int(side.num_frames),
+        "num_episodes": int(side.episode_ids.size),
+        "num_successes": int(np.sum(last_reward == 0.0)),
+        "task_max_episode_length": {names[i]: int(longest[i]) for i in np.flatnonzero(seen)},
+        "recap_version": __version__,
+        "format": RLINF,
+    }
+
+
+# ---- value model: RLinf's FSDP full state dict <-> recap's gemma1-style ValueModel ------------
+
+VISION, GEMMA3, PROJ, EXPERT, HEAD = (
+    "value_expert.vision_tower.", "value_expert.gemma3.", "value_expert.multi_modal_proj.",
+    "value_expert.experts.value.", "value_head.",
+)  # fmt: skip
+# RLinf prefix -> recap prefix. RLinf's SigLIP (transformers 4.53) nests its weights under
+# ``vision_model.``; recap's SiglipVisionModel (transformers 5) holds them at the top level.
+PREFIXES = (
+    (VISION + "vision_model.", "vision_tower."), (GEMMA3 + "model.", "language_model."),
+    (PROJ, "projector."),
+    (EXPERT + "model.", "expert."), (HEAD + "cls_embedding.", "head.cls."),
+    (HEAD + "value_proj.", "head.proj."),
+)  # fmt: skip
+UNUSED = (VISION + "vision_model.head.", GEMMA3 + "lm_head.", EXPERT + "lm_head.",
+          EXPERT + "model.embed_tokens.")  # fmt: skip
+TIED_LM_HEAD = GEMMA3 + "lm_head.weight"
+TIED_FROM = "language_model.embed_tokens.weight"
+
+
+def _layer_of(key: str) -> int | None:
+    parts = key.split(".")
+    return int(parts[2]) if len(parts) > 2 and parts[1] == "layers" else None
+
+
+def split_value_state(state: dict, depth: int | None = None) -> tuple[dict, dict]:
+    """``(recap, unused)``: RLinf keys (a leading ``model.`` stripped) renamed to recap's, and
+    the ones recap does not use (SigLIP's pooling head, the tied and the expert's ``lm_head``;
+    with ``depth`` also Gemma3 layers >= depth, which the expert never reads). A key matching
+    neither is a one-line RecapError naming the first few."""
+    from recap.errors import RecapError
+
+    recap, unused, unknown = {}, {}, []
+    for key, value in state.items():
+        key = key.removeprefix("model.")
+        if key.startswith(UNUSED):
+            unused[key] = value
+            continue
+        for src, dst in PREFIXES:
+            if key.startswith(src):
+                name = dst + key[len(src) :]
+                layer = _layer_of(name) if dst == "language_model." else None
+                if depth is not None and layer is not None and layer >= depth:
+                    unused[key] = value
+                else:
+                    recap[name] = value
+                break
+        else:
+            unknown.append(key)
+    if unknown:
+        raise RecapError(f"RLinf value state dict: {len(unknown)} keys match no RLinf prefix "
+                         f"({', '.join(unknown[:3])}); is this RLinf's value-model "
+                         "full_weights.pt?")  # fmt: skip
+    return recap, unused
+
+
+def join_value_state(recap: dict, unused: dict | None = None) -> dict:
+    """RLinf's full state dict from recap's gemma1-style state (inverse of
+    ``split_value_state``): Gemma3's tied ``lm_head.weight`` is the text embedding unless
+    ``unused`` (what ``split_value_state`` set aside) holds it; ``unused`` keys are put back."""
+    out = {}
+    for key, value in recap.items():
+        for src, dst in PREFIXES:
+            if key.startswith(dst):
+                out[src + key[len(dst) :]] = value
+                break
+        else:
+            from recap.errors import RecapError
+
+            raise RecapError(f"recap value state: key {key!r} has no RLinf name")
+    out.update(unused or {})
+    if TIED_LM_HEAD not in out and TIED_FROM in recap:
+        out[TIED_LM_HEAD] = recap[TIED_FROM]
+    return out
+
+
+def infer_value_config(recap: dict, vision: dict, text: dict, truncate: bool):
+    """``ValueModelConfig`` (gemma1 expert) whose expert sizes and bins come from the tensors'
+    shapes; ``vision``/``text``: the SigLIP / Gemma3 config dicts."""
+    from transformers import Gemma3TextConfig
+
+    from recap.errors import RecapError
+    from recap.models.value import ValueModelConfig
+
+    try:
+        width = recap["expert.norm.weight"].shape[0]
+        head_dim = Gemma3TextConfig.from_dict(text).head_dim
+        q = recap["expert.layers.0.self_attn.q_proj.weight"].shape[0]
+        kv = recap["expert.layers.0.self_attn.k_proj.weight"].shape[0]
+        mlp = recap["expert.layers.0.mlp.gate_proj.weight"].shape[0]
+        bins = recap["head.proj.weight"].shape[0]
+    except KeyError as exc:
+        raise RecapError(f"RLinf value state dict: {exc.args[0]!r} (RLinf name) missing; is this "
+                         "RLinf's value-model full_weights.pt?") from exc  # fmt: skip
+    depth = len({_layer_of(k) for k in recap if k.startswith("expert.layers.")})
+    return ValueModelConfig(
+        vision=dict(vision), text=dict(text), expert_width=width, expert_depth=depth,
+        expert_mlp=mlp, expert_heads=q // head_dim, expert_kv_heads=kv // head_dim,
+        expert_head_dim=head_dim, num_bins=bins, truncate_backbone=truncate,
+        expert_style="gemma1",
+    )  # fmt: skip
+
+
+def check_value_state(recap: dict, model_state: dict, rlinf_names: bool = True) -> None:
+    """Every target key filled with its shape and no key left over; else one line naming the
+    first unmatched keys (in RLinf's names)."""
+    from recap.errors import RecapError
+
+    name = (lambda k: next(iter(join_value_state({k: None})))) if rlinf_names else str
+    missing = [k for k in model_state if k not in recap]
+    extra = [k for k in recap if k not in model_state]
+    shapes = [k for k in model_state if k in recap
+              and tuple(recap[k].shape) != tuple(model_state[k].shape)]  # fmt: skip
+    for what, keys in (("missing", missing), ("not in the model", extra)):
+        if keys:
+            raise RecapError(
+                f"RLinf value state dict: {len(keys)} keys {what} "
+                f"({', '.join(name(k) for k in keys[:3])}); check the "
+                "vision/text configs and that this is RLinf's value model"
+            )
+    if shapes:
+        k = shapes[0]
+        raise RecapError(
+            f"RLinf value state dict: {name(k)} has shape "
+            f"{list(recap[k].shape)}, the model expects "
+            f"{list(model_state[k].shape)}; check the vision/text configs"
+        )

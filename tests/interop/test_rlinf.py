@@ -1,0 +1,368 @@
+"""RLinf interop: its Step 1 returns sidecar (no JSON), the Gemma1-style critic expert, and
+importing / exporting its value-model full state dict."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from recap.core import columns as C
+from recap.data.lerobot import LocalDataset
+from recap.data.sidecars import read_returns
+from recap.errors import DatasetError
+from recap.steps.compute_returns import compute_returns
+from tests.helpers import copy_fixture
+
+FIXTURE = "rlinf_like_v21_video"  # 7 episodes, lengths 11,8,14,7,10,12,9; T,F,T,T,F,T,F
+TASK_SOUP = "pick up the alphabet soup and place it in the basket"
+RLINF_SCHEMA = pa.schema(
+    [("episode_index", pa.int64()), ("frame_index", pa.int64()), ("return", pa.float32()),
+     ("reward", pa.float32()), ("prompt", pa.string())]
+)  # fmt: skip
+
+
+def rlinf_returns(root, gamma: float, failure: float = -300.0, split: int | None = None):
+    """RLinf's Step 1 sidecar, from its documented format: per episode r = -1 then 0 (success) or
+    ``failure`` at the last frame, G_t = r_t + gamma G_{t+1} backwards, rows shuffled
+    (completion order). ``split``: that episode is cut after its 4th frame, as RLinf does when
+    the episode spans two data files (each part ends with the outcome of its last row)."""
+    with LocalDataset(root) as ds:
+        t = ds.read_columns(["episode_index", "frame_index", "task_index", "is_success"])
+        tasks = ds.tasks
+    ep = t.column("episode_index").to_numpy()
+    fr = t.column("frame_index").to_numpy()
+    ok = t.column("is_success").to_numpy(zero_copy_only=False)
+    task = t.column("task_index").to_numpy()
+    rows = []
+    for e in np.unique(ep):
+        sel = np.flatnonzero(ep == e)
+        sel = sel[np.argsort(fr[sel])]
+        parts = [sel[:4], sel[4:]] if e == split else [sel]
+        for part in parts:
+            n = len(part)
+            r = np.full(n, -1.0)
+            r[-1] = 0.0 if ok[part[-1]] else failure
+            g = np.zeros(n)
+            acc = 0.0
+            for i in range(n - 1, -1, -1):
+                acc = r[i] + gamma * acc
+                g[i] = acc
+            rows += [(int(e), int(fr[j]), g[k], r[k], tasks[int(task[j])]) for k, j in
+                     enumerate(part)]  # fmt: skip
+    order = np.random.default_rng(0).permutation(len(rows))
+    cols = list(zip(*[rows[i] for i in order]))
+    table = pa.Table.from_arrays(
+        [pa.array(c, f.type) for c, f in zip(cols, RLINF_SCHEMA)], schema=RLINF_SCHEMA
+    )
+    path = root / "meta" / "returns_rl.parquet"
+    pq.write_table(table, path)
+    return path
+
+
+@pytest.fixture
+def rlinf_data(tmp_path):
+    root = copy_fixture(FIXTURE, tmp_path)
+    rlinf_returns(root, 0.97)
+    return root
+
+
+def test_rlinf_returns_read_with_step1_statistics(rlinf_data):
+    root = rlinf_data
+    assert not (root / "meta" / "returns_rl.json").exists()
+    table, stats = read_returns(root, "rl")
+    assert stats["return_min"] == -300.0 and stats["return_max"] == 0.0
+    assert stats["return_mean"] == pytest.approx(-105.6146236540566, abs=1e-9)
+    assert stats["return_std"] == pytest.approx(129.25507870820414, abs=1e-9)
+    assert (stats["num_frames"], stats["num_episodes"], stats["num_successes"]) == (71, 7, 4)
+    assert (
+        stats["gamma"] == 0.97 and stats["gamma_source"] == "inferred from 60 frames"
+    )  # 64 minus 4 successes' T-2
+    assert stats["failure_reward"] == -300.0 and stats["format"] == "rlinf"
+    assert stats["task_max_episode_length"] == {
+        TASK_SOUP: 11, "turn on the stove": 10, "put the cream cheese in the bowl": 14
+    }  # fmt: skip
+    # the same numbers as recap's own Step 1 on this dataset, and the same sorted table
+    ours = compute_returns(
+        datasets=[{"name": root.name, "root": str(root), "type": "rollout", "gamma": 0.97}],
+        tag="ours",
+    )[0]
+    keys = [k for k in ours.stats if k not in ("source", "dataset_type", "outcome_column")]
+    assert {k: stats[k] for k in keys} == {k: ours.stats[k] for k in keys}
+    assert table.column(C.EPISODE_INDEX).to_pylist()[:12] == [0] * 11 + [1]
+    assert table.column(C.RETURN).to_pylist()[:2] == pytest.approx([-8.7525, -7.9923], abs=1e-4)
+    for name in (C.RETURN, C.REWARD, C.EPISODE_INDEX, C.FRAME_INDEX):
+        assert table.column(name).to_pylist() == ours.table.column(name).to_pylist(), name
+
+
+def test_rlinf_returns_undiscounted_gamma_is_inferred_as_one(tmp_path):
+    root = copy_fixture(FIXTURE, tmp_path)
+    rlinf_returns(root, 1.0, failure=-50.0)
+    _, stats = read_returns(root, "rl")
+    assert (stats["gamma"], stats["failure_reward"], stats["return_min"]) == (1.0, -50.0, -59.0)
+
+
+def test_rlinf_returns_split_episode_is_refused(tmp_path):
+    root = copy_fixture(FIXTURE, tmp_path)
+    path = rlinf_returns(root, 0.97, split=2)
+    with pytest.raises(DatasetError) as err:
+        read_returns(root, "rl")
+    assert str(err.value) == (
+        f"{path}: episode 2 frame 3: reward 0 (an episode end) before its last frame; RLinf's "
+        "Step 1 finds episode boundaries per data file, so an episode spanning two data files "
+        "was split in two; recompute the returns with recap's Step 1 (scripts/compute_returns.py)"
+    )
+
+
+def test_rlinf_returns_missing_frames_are_refused(rlinf_data):
+    path = rlinf_data / "meta" / "returns_rl.parquet"
+    table = pq.read_table(path)
+    keep = ~((table.column("episode_index").to_numpy() == 5)
+             & (table.column("frame_index").to_numpy() >= 10))  # fmt: skip
+    pq.write_table(table.filter(pa.array(keep)), path)
+    with pytest.raises(DatasetError) as err:
+        read_returns(rlinf_data, "rl")
+    assert str(err.value) == (
+        f"{path}: no rows for frames 10..11 of episode 5 (69 rows for 71 frames); the sidecar "
+        "was computed from other data, recompute it"
+    )
+
+
+# ---- the Gemma1-style critic expert and RLinf's value-model state dict -----------------------
+
+VISION = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+          "num_attention_heads": 2, "image_size": 16, "patch_size": 8}  # fmt: skip
+TEXT = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 3,
+        "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8,
+        "query_pre_attn_scalar": 8, "sliding_window": 4}  # fmt: skip
+EXPERT = {"expert_width": 16, "expert_depth": 2, "expert_mlp": 24, "expert_heads": 2,
+          "expert_kv_heads": 1, "expert_head_dim": 8, "num_bins": 11}  # fmt: skip
+
+
+def tiny_model(**kw):
+    import torch
+
+    from recap.models.value import ValueModelConfig, build_value_model
+
+    torch.manual_seed(0)
+    config = ValueModelConfig(vision=VISION, text=TEXT, expert_style="gemma1", **EXPERT, **kw)
+    model = build_value_model(config).eval()
+    with torch.no_grad():  # norms start at 0 (identity); make them matter
+        for name, p in model.named_parameters():
+            if name.endswith("layernorm.weight") or name == "expert.norm.weight":
+                p.normal_(0.0, 0.5)
+    return model
+
+
+def reference_expert(sd: dict, token, kvs, valid, eps=1e-6):
+    """RLinf's critic expert from its description: Gemma1 blocks x + attn(rms(x)),
+    x + mlp(rms(x)); rms = x * rsqrt(mean(x^2) + eps) * (1 + w); RoPE base 10000 at position
+    = number of valid prefix tokens; keys/values = backbone layer i's (valid) + its own."""
+    import torch
+
+    def rms(x, w):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * (1 + w)
+
+    def rope(x, pos):  # x [H, D] at integer pos, rotate-half convention
+        d = x.shape[-1]
+        inv = 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+        ang = torch.cat([pos * inv, pos * inv])
+        x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+        return x * ang.cos() + torch.cat([-x2, x1], -1) * ang.sin()
+
+    sd = {k: v.double() for k, v in sd.items()}
+    out = []
+    for b in range(token.shape[0]):
+        h = token[b, 0].double()
+        pos = int(valid[b].sum())
+        for i, (pk, pv) in enumerate(kvs):
+            p = f"expert.layers.{i}."
+            x = rms(h, sd[p + "input_layernorm.weight"])
+            q = rope((sd[p + "self_attn.q_proj.weight"] @ x).view(2, 8), pos)
+            k = rope((sd[p + "self_attn.k_proj.weight"] @ x).view(1, 8), pos)
+            v = (sd[p + "self_attn.v_proj.weight"] @ x).view(1, 8)
+            keys = torch.cat([pk[b, 0][valid[b]].double(), k])  # [n+1, 8], 1 kv head
+            vals = torch.cat([pv[b, 0][valid[b]].double(), v])
+            att = torch.softmax(q @ keys.T / 8**0.5, -1) @ vals  # [2 heads, 8]
+            h = h + sd[p + "self_attn.o_proj.weight"] @ att.flatten()
+            x = rms(h, sd[p + "post_attention_layernorm.weight"])
+            gate = torch.nn.functional.gelu(sd[p + "mlp.gate_proj.weight"] @ x, approximate="tanh")
+            h = h + sd[p + "mlp.down_proj.weight"] @ (gate * (sd[p + "mlp.up_proj.weight"] @ x))
+        out.append(rms(h, sd["expert.norm.weight"]))
+    return torch.stack(out)
+
+
+def _batch(seed=1):
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "images": torch.rand(2, 3, 3, 16, 16, generator=g) * 2 - 1,
+        "image_masks": torch.tensor([[True, False, True], [True, True, False]]),
+        "input_ids": torch.randint(1, 64, (2, 5), generator=g),
+        "attention_mask": torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.bool),
+    }
+
+
+def test_gemma1_expert_matches_the_reference_forward():
+    import torch
+
+    from recap.models import layers
+
+    model = tiny_model()
+    assert type(model.expert).__name__ == "Gemma1Expert"
+    batch = _batch()
+    with torch.no_grad():
+        embeds, valid = model.embed_prefix(batch["images"], batch["image_masks"],
+                                           batch["input_ids"], batch["attention_mask"])  # fmt: skip
+        positions = (valid.long().cumsum(1) - 1).clamp(min=0)
+        kvs = layers.run_prefix(model.language_model, embeds, valid, positions, 2)
+        token = model.head["cls"].weight[None].expand(2, 1, 16)  # not scaled by sqrt(width)
+        expected = reference_expert(model.state_dict(), token, kvs, valid)
+        got = model.expert(token, kvs, valid, valid.long().sum(1, keepdim=True))
+        logits = model.logits(batch)
+    assert valid.sum(1).tolist() == [11, 13]  # 2 cameras x 4 tokens + 3 text; 1 camera + 5
+    assert (got.double() - expected).abs().max().item() < 1e-5
+    ref_logits = expected @ model.head["proj"].weight.double().T + model.head["proj"].bias.double()
+    assert (logits.double() - ref_logits).abs().max().item() < 1e-5
+    assert got.abs().max().item() > 0.1  # not a degenerate (all-zero) state
+
+
+def test_expert_style_is_checked_and_defaults_to_gemma3():
+    from recap.errors import RecapError
+    from recap.models.value import ValueModelConfig
+
+    assert ValueModelConfig().expert_style == "gemma3"
+    with pytest.raises(RecapError) as err:
+        ValueModelConfig(vision=VISION, text=TEXT, expert_style="gemma2", **EXPERT).validate()
+    assert str(err.value) == (
+        "value model config: expert_style 'gemma2' not in ('gemma3', 'gemma1'); fix the expert "
+        "sizes"
+    )
+
+
+def rlinf_state(model) -> dict:
+    """RLinf's full state dict of ``model`` (untruncated), named as FORMATS.md documents it,
+    with SigLIP's pooling head and both lm_heads (Gemma3's tied to its embedding)."""
+    import torch
+
+    g = torch.Generator().manual_seed(3)
+    out = {}
+    for key, value in model.state_dict().items():
+        for ours, theirs in (("vision_tower.", "value_expert.vision_tower.vision_model."),
+                             ("language_model.", "value_expert.gemma3.model."),
+                             ("projector.", "value_expert.multi_modal_proj."),
+                             ("expert.", "value_expert.experts.value.model."),
+                             ("head.cls.", "value_head.cls_embedding."),
+                             ("head.proj.", "value_head.value_proj.")):  # fmt: skip
+            if key.startswith(ours):
+                out[theirs + key[len(ours) :]] = value.clone()
+    out["value_expert.gemma3.lm_head.weight"] = out["value_expert.gemma3.model.embed_tokens.weight"]
+    out["value_expert.experts.value.lm_head.weight"] = torch.randn(64, 16, generator=g)
+    for name in ("probe", "attention.in_proj_weight", "layernorm.weight", "mlp.fc1.weight"):
+        out[f"value_expert.vision_tower.vision_model.head.{name}"] = torch.randn(4, generator=g)
+    return out
+
+
+def _write_configs(tmp_path):
+    (tmp_path / "vision.json").write_text(json.dumps(VISION))
+    (tmp_path / "text.json").write_text(json.dumps(TEXT))
+    return ["--vision-config", str(tmp_path / "vision.json"), "--text-config",
+            str(tmp_path / "text.json")]  # fmt: skip
+
+
+def test_import_rlinf_value_round_trips_bit_for_bit(tmp_path):
+    import torch
+    from safetensors.torch import load_file
+
+    from recap.commands.import_rlinf import main
+    from recap.models.value import load_value_model
+
+    source = tiny_model(truncate_backbone=False)
+    state = rlinf_state(source)
+    torch.save(state, tmp_path / "full_weights.pt")
+    torch.save({"model." + k: v for k, v in state.items()}, tmp_path / "prefixed.pt")
+    cfg = _write_configs(tmp_path)
+    out = tmp_path / "imported"
+    assert main(["rlinf-value", str(tmp_path / "full_weights.pt"), "--out", str(out),
+                 "--keep-unused", *cfg]) == 0  # fmt: skip
+    assert main(["rlinf-value", str(tmp_path / "prefixed.pt"), "--out", str(tmp_path / "p"),
+                 *cfg]) == 0  # fmt: skip
+    plain, prefixed = (load_file(str(d / "model.safetensors")) for d in (out, tmp_path / "p"))
+    assert plain.keys() == prefixed.keys() and all(
+        torch.equal(plain[k], prefixed[k]) for k in plain
+    )
+    config = json.loads((out / "config.json").read_text())
+    assert (config["expert_style"], config["expert_width"], config["expert_depth"],
+            config["expert_mlp"], config["expert_heads"], config["num_bins"]) == (
+            "gemma1", 16, 2, 24, 2, 11)  # fmt: skip
+    loaded = load_value_model(out).eval()
+    batch = _batch()
+    with torch.no_grad():
+        assert torch.equal(loaded.logits(batch), source.logits(batch))
+    assert main(["export-rlinf-value", str(out), "--out", str(tmp_path / "back.pt")]) == 0
+    back = torch.load(tmp_path / "back.pt", weights_only=True)
+    assert sorted(back) == sorted(state) and len(state) == 92
+    assert all(torch.equal(back[k], state[k]) and back[k].dtype == state[k].dtype for k in state)
+
+
+def test_import_rlinf_value_truncates_and_refuses_unknown_keys(tmp_path, capsys):
+    import torch
+
+    from recap.commands.import_rlinf import main
+
+    state = rlinf_state(tiny_model(truncate_backbone=False))
+    cfg = _write_configs(tmp_path)
+    torch.save(state, tmp_path / "w.pt")
+    assert main(["rlinf-value", str(tmp_path / "w.pt"), "--out", str(tmp_path / "t"),
+                 "--truncate", *cfg]) == 0  # fmt: skip
+    config = json.loads((tmp_path / "t" / "config.json").read_text())
+    assert config["truncate_backbone"] is True
+    state["value_expert.extra.weight"] = torch.zeros(1)
+    state["value_head.value_proj.weight"] = torch.zeros(12, 16)
+    torch.save(state, tmp_path / "bad.pt")
+    capsys.readouterr()
+    assert main(["rlinf-value", str(tmp_path / "bad.pt"), "--out", str(tmp_path / "b"), *cfg]) == 2
+    assert capsys.readouterr().err == (
+        "recap-import: RLinf value state dict: 1 keys match no RLinf prefix "
+        "(value_expert.extra.weight); is this RLinf's value-model full_weights.pt?\n"
+    )
+    del state["value_expert.extra.weight"], state["value_expert.gemma3.model.norm.weight"]
+    torch.save(state, tmp_path / "bad.pt")
+    assert main(["rlinf-value", str(tmp_path / "bad.pt"), "--out", str(tmp_path / "b"), *cfg]) == 2
+    assert capsys.readouterr().err == (
+        "recap-import: RLinf value state dict: 1 keys missing (value_expert.gemma3.model.norm."
+        "weight); check the vision/text configs and that this is RLinf's value model\n"
+    )
+    assert not (tmp_path / "b" / "model.safetensors").exists()
+
+
+def test_value_dataset_and_step3_accept_rlinf_returns_and_weights(rlinf_data, tmp_path):
+    import torch
+
+    from recap.commands.import_rlinf import main
+    from recap.core.normalize import ReturnRange
+    from recap.data.datasets import ValueDataset, training_return_range
+    from recap.data.specs import parse_dataset_specs
+    from recap.data.transforms import load_tokenizer, write_word_tokenizer
+    from recap.steps.compute_advantages import Plan
+
+    tok = write_word_tokenizer(tmp_path / "tok", [TASK_SOUP, "turn on the stove",
+                                                  "put the cream cheese in the bowl"])  # fmt: skip
+    specs = parse_dataset_specs([{"name": "rl", "root": str(rlinf_data)}])
+    rng = training_return_range(specs, "rl")
+    assert rng == ReturnRange(-300.0, 0.0)
+    data = ValueDataset(specs, "rl", rng, load_tokenizer(tok), 16, 16)
+    assert len(data) == 71
+    assert data.sources[0].target[:2].tolist() == pytest.approx(
+        [-8.7525 / 300, -7.9923 / 300], abs=1e-6)  # fmt: skip
+    torch.save(rlinf_state(tiny_model(truncate_backbone=False)), tmp_path / "w.pt")
+    assert main(["rlinf-value", str(tmp_path / "w.pt"), "--out", str(tmp_path / "m"),
+                 *_write_configs(tmp_path)]) == 0  # fmt: skip
+    plan = Plan.checked([{"name": "rl", "root": str(rlinf_data)}], "", "adv", "rl",
+                        tmp_path / "m", tok, 5, None, None, "fp32")  # fmt: skip
+    assert (plan.gamma, plan.range, plan.weights) == (
+        0.97, ReturnRange(-300.0, 0.0), tmp_path / "m" / "model.safetensors")  # fmt: skip
