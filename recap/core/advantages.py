@@ -467,7 +467,13 @@ def _label(
     return labels, {
         "positive_quantile": opts.positive_quantile,
         "scope": opts.scope,
-        "unified_threshold": float(thresholds[0]) if opts.scope == SCOPE_GLOBAL else None,
+        # always a float (RLinf's tools do float(unified_threshold)): the global threshold, which
+        # labels frames only under the global scope; scoped thresholds are under "thresholds"
+        "unified_threshold": float(thresholds[0])
+        if opts.scope == SCOPE_GLOBAL
+        else float(
+            group_thresholds(advantage, np.zeros_like(groups), 1, opts.positive_quantile)[0]
+        ),
         "thresholds": {str(k): float(t) for k, t in zip(keys, thresholds, strict=True)},
         "force_positive_datasets": sorted(opts.force_positive_datasets),
         "correction_column": opts.correction_column,

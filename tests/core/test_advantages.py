@@ -180,7 +180,9 @@ def test_scopes_match_numpy_percentile(scope):
     assert record["thresholds"] == pytest.approx(thresholds, abs=0)
     expected = a >= np.array([thresholds[k] for k in key])
     assert _col(out, C.ADVANTAGE).tolist() == expected.tolist()
-    assert (record["unified_threshold"] is None) == (scope != "global")
+    # always a float for RLinf's tools: the global threshold, whatever the scope
+    assert record["unified_threshold"] == pytest.approx(np.percentile(a, 75), abs=0)
+    assert float(record["unified_threshold"]) == record["unified_threshold"]
 
 
 def test_task_index_groups_per_dataset_when_no_prompt():
