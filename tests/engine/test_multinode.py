@@ -18,23 +18,15 @@ from recap.engine.distributed import free_port
 from recap.errors import RecapError
 from tests.engine.conftest import COMMON, STEPS, read_metrics
 from tests.helpers import REPO, launch_env
+from tests.test_pipeline import LIBERO_PARAMS, libero_argv
 
-LIBERO_PARAMS = [
-    'all/DATA = "/data/lerobot"',
-    'all/SIGLIP = "/models/siglip2"',
-    'all/GEMMA = "/models/gemma-3-270m"',
-    'all/TOKENIZER = "/models/paligemma_tokenizer.model"',
-    'all/PI05_BASE = "/models/pi05_base"',
-]
 DISTRIBUTED = ("value", "advantages", "policy", "baseline")
 
 
 def libero_dry_run(tmp_path: Path, capsys, *params: str) -> tuple[int, str, str]:
     from recap.pipeline import main
 
-    bindings = [f'pipeline.run_root = "{tmp_path / "runs"}"', *LIBERO_PARAMS, *params]
-    argv = ["--gin_file", "experiments/libero_pipeline.gin", "--dry_run"]
-    code = main([*argv, *[a for p in bindings for a in ("--gin_param", p)]])
+    code = main(libero_argv(tmp_path / "runs", [*LIBERO_PARAMS, *params]))
     captured = capsys.readouterr()
     return code, captured.out, captured.err
 
