@@ -1,4 +1,4 @@
-"""RLinf's RECAP artifacts (``/work/shared/FORMATS.md``, "RLinf RECAP").
+"""RLinf's RECAP artifacts, as its public source writes them (examples/offline_rl).
 
 Returns: RLinf's Step 1 writes ``meta/returns_{tag}.parquet`` with recap's columns but no
 ``meta/returns_{tag}.json`` (its statistics go into ``meta/stats.json``), with rows possibly in
