@@ -213,7 +213,8 @@ def dataset_labels(
     0/1, ``read_advantages``), and rows for frames the dataset lacks are an error."""
     from recap.data.sidecars import ADVANTAGES, read_advantages, sidecar_path
 
-    table, _ = read_advantages(root, tag)
+    needed = (C.EPISODE_INDEX, C.FRAME_INDEX, C.ADVANTAGE)  # RLinf's narrow files have these
+    table, _ = read_advantages(root, tag, needed)
     path = sidecar_path(root, ADVANTAGES, tag)
     labels = lookup_labels(episode_index, frame_index, table, path)
     extra = table.num_rows - len(labels)  # every frame found once, no duplicate rows

@@ -13,7 +13,7 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -375,8 +375,12 @@ def sidecar_tags(root: str | os.PathLike, kind: str) -> list[str]:
     return sorted(t[1:] if t.startswith("_") else t for t in tags if t == "" or t[0] == "_")
 
 
-def read_advantages(root: str | os.PathLike, tag: str) -> tuple[pa.Table, dict]:
-    """An advantages sidecar (schema metadata kept) and its tag's record ({} when unrecorded)."""
+def read_advantages(
+    root: str | os.PathLike, tag: str, columns: Sequence[str] | None = None
+) -> tuple[pa.Table, dict]:
+    """An advantages sidecar (schema metadata kept) and its tag's record ({} when unrecorded).
+    ``columns``: read and check only these (Step 4 needs three, so RLinf's narrower relabel /
+    STEAM files serve it); default every column of ``ADVANTAGES_SCHEMA``."""
     path = sidecar_path(root, ADVANTAGES, tag)
     if not path.is_file():
         found = ", ".join(repr(t) for t in sidecar_tags(root, ADVANTAGES)) or "none"
@@ -387,7 +391,10 @@ def read_advantages(root: str | os.PathLike, tag: str) -> tuple[pa.Table, dict]:
                 "with this tag first, or name an existing tag",
             )
         )
-    table = read_parquet(path, C.ADVANTAGES_SCHEMA)
+    schema = C.ADVANTAGES_SCHEMA
+    if columns is not None:
+        schema = pa.schema([schema.field(name) for name in columns])
+    table = read_parquet(path, schema)
     metadata = pq.read_schema(path).metadata or {}
     if SOURCE_KEY in metadata:  # sidecars from before the record (and RLinf's) have none
         check_source(path, root, json.loads(metadata[SOURCE_KEY]), "Step 3 (recap-advantages)")

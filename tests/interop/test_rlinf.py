@@ -366,3 +366,31 @@ def test_value_dataset_and_step3_accept_rlinf_returns_and_weights(rlinf_data, tm
                         tmp_path / "m", tok, 5, None, None, "fp32")  # fmt: skip
     assert (plan.gamma, plan.range, plan.weights) == (
         0.97, ReturnRange(-300.0, 0.0), tmp_path / "m" / "model.safetensors")  # fmt: skip
+
+
+def test_step4_reads_rlinfs_narrow_advantages_files(tmp_path):
+    """RLinf's relabel (recompute mode) and STEAM write 8 columns, not 11: Step 4 needs three
+    (episode_index, frame_index, advantage), so such a file labels the frames; a file without
+    ``advantage`` is one line."""
+    from recap.data.conditioning import dataset_labels
+
+    root = copy_fixture("rlinf_like_v21_video", tmp_path)
+    with LocalDataset(root) as ds:
+        frames = ds.read_columns([C.EPISODE_INDEX, C.FRAME_INDEX])
+    ep, fr = (frames.column(k).to_numpy() for k in (C.EPISODE_INDEX, C.FRAME_INDEX))
+    n = len(ep)
+    label = np.arange(n) % 3 == 0
+    narrow = pa.table({
+        C.EPISODE_INDEX: ep, C.FRAME_INDEX: fr,
+        C.ADVANTAGE_CONTINUOUS: np.linspace(-1, 1, n), "reward_sum": np.zeros(n),
+        "value_current": np.zeros(n), "value_next": np.zeros(n), C.RETURN: np.zeros(n),
+        C.ADVANTAGE: label,
+    })  # fmt: skip
+    path = root / "meta" / "advantages_rl.parquet"
+    pq.write_table(narrow.take(np.random.default_rng(0).permutation(n)), path)  # any row order
+    assert n == 71
+    np.testing.assert_array_equal(dataset_labels(root, "rl", ep, fr), label)
+    pq.write_table(narrow.drop_columns([C.ADVANTAGE]), path)
+    with pytest.raises(DatasetError) as err:
+        dataset_labels(root, "rl", ep, fr)
+    assert err.value.message == f"{path}: column 'advantage' missing; rewrite the sidecar"
