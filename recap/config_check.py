@@ -124,6 +124,15 @@ def resolve(value: object) -> object:
     return value
 
 
+def bound(name: str, default: object = None) -> object:
+    """The value bound to ``name`` (``configurable.param``), macros resolved, nested ones too;
+    ``default`` when it is not bound."""
+    try:
+        return resolve(gin.query_parameter(name))
+    except ValueError:
+        return default
+
+
 def _unresolved(value: object) -> tuple[bool, str | None]:
     """(whether ``value`` resolves to REQUIRED, the last macro on the way)."""
     macro = None

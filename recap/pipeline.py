@@ -54,7 +54,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from recap.cli import parse_gin
-from recap.config_check import check_required, resolve
+from recap.config_check import bound, check_required
 from recap.errors import RecapError
 
 STEP_KEYS = ("returns", "value", "advantages", "policy", "baseline")
@@ -255,21 +255,13 @@ def _bindings_of(files: list[str], params: list[str], where: str) -> dict[str, s
     return out
 
 
-def _query(name: str, default=None):
-    """A bound value (macros resolved, nested ones too), or ``default`` when it is not bound."""
-    try:
-        return resolve(gin.query_parameter(name))
-    except ValueError:
-        return default
-
-
 def _sidecars(kind: str, prefix: str, tag: str | None = None) -> list[Path]:
     """Sidecar paths of the datasets bound to ``{prefix}.datasets`` (gin parsed now)."""
     from recap.data.sidecars import sidecar_path
     from recap.data.specs import parse_dataset_specs
 
-    specs = parse_dataset_specs(_query(f"{prefix}.datasets", []), _query(f"{prefix}.data_root", ""))
-    tag = _query(f"{prefix}.tag", "") if tag is None else tag
+    specs = parse_dataset_specs(bound(f"{prefix}.datasets", []), bound(f"{prefix}.data_root", ""))
+    tag = bound(f"{prefix}.tag", "") if tag is None else tag
     return [sidecar_path(spec.root, kind, tag) for spec in specs]
 
 

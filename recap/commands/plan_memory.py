@@ -32,26 +32,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def gin_value(name: str, default):
-    """A gin binding's value, ``default`` when unbound."""
-    import gin
-
-    try:
-        return gin.query_parameter(name)
-    except ValueError:
-        return default
-
-
 def plan(args: argparse.Namespace):
     """The ``Plan`` for the parsed flags (gin already parsed)."""
+    from recap.config_check import bound
     from recap.engine import memory
 
-    model_fn = gin_value("train.model_fn", None)
+    model_fn = bound("train.model_fn", None)
     if model_fn is None:
         raise RecapError("plan_memory: the gin files bind no train.model_fn; include a model")
     model = memory.build_on_meta(model_fn.scoped_configurable_fn)
     config = model.config
-    offload = bool(gin_value("deepspeed_config.offload_optimizer", False))
+    offload = bool(bound("deepspeed_config.offload_optimizer", False))
     if args.activation_gb_per_sample is None:
         acts = memory.measure_activations(config, args.cameras, args.prompt_tokens)
     else:
@@ -59,7 +50,7 @@ def plan(args: argparse.Namespace):
     counts = memory.count_parameters(model)
     return memory.Plan(
         counts=counts, ranks=args.ranks, device_gb=args.device_gb,
-        micro_batch=args.micro_batch or int(gin_value("deepspeed_config.micro_batch_size", 32)),
+        micro_batch=args.micro_batch or int(bound("deepspeed_config.micro_batch_size", 32)),
         states=memory.zero3_model_states(counts, args.ranks, offload), activations=acts,
         checkpointing=bool(getattr(config, "gradient_checkpointing", False)),
         offload_optimizer=offload, reserve_gb=args.reserve_gb,

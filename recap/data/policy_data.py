@@ -38,6 +38,7 @@ import torch
 from torch.utils.data import Dataset
 
 import recap.models.pi05  # noqa: F401  (registers pi05_policy: gin/policy.gin wires both)
+from recap.config_check import bound
 from recap.core import columns as C
 from recap.data.conditioning import (
     MODES,
@@ -375,20 +376,12 @@ def policy_data(
     data = PolicyDataset(specs, advantages_tag, stats=stats, **args)
     if split == "train" and distributed.is_main():
         print(describe_stats(stats, source), flush=True)
-        run_dir = _bound("train.run_dir")
+        run_dir = bound("train.run_dir")
         if export_stats and run_dir is not None:
             from recap.models.checkpoints import write_norm_stats
 
             write_norm_stats(run_dir, asset_id or DEFAULT_ASSET_ID, stats)
     return data
-
-
-def _bound(name: str):
-    """The gin value bound to ``name``, or None when unbound."""
-    try:
-        return gin.query_parameter(name)
-    except ValueError:
-        return None
 
 
 def run_stats(run_dir: str | Path, asset_id: str | None = None):
