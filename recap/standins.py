@@ -44,6 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from recap.data.lerobot_writer import Episode, WriterConfig, atomic_directory
+from recap.data.sidecars import write_atomic
 from recap.errors import RecapError
 
 TASK = "put both the alphabet soup and the tomato sauce in the basket"  # LIBERO-10 task 0
@@ -265,19 +266,6 @@ def sentencepiece_model(seed: int = 0) -> bytes:
     return buffer.getvalue()
 
 
-def _write_file_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _write_gemma_tokenizer(directory: Path, model: bytes) -> None:
     """``tokenizer.model`` + the Hugging Face files (``tokenizer.json``,
     ``tokenizer_config.json``) that ``AutoTokenizer`` reads offline, as a Gemma model ships."""
@@ -414,7 +402,7 @@ def write_standins(out: str | os.PathLike, seed: int = 0, force: bool = False) -
     for name, path in zip(DATASETS, (standins.sft, standins.train, standins.eval), strict=True):
         write_lerobot_dataset(path, episodes[name], WRITER, overwrite=force)
     tokenizer_model = sentencepiece_model(seed)
-    _write_file_atomic(standins.tokenizer, tokenizer_model)
+    write_atomic({standins.tokenizer: lambda tmp: tmp.write_bytes(tokenizer_model)})
     _write_siglip(standins.siglip, seed, force)
     _write_gemma3(standins.gemma3, seed + 1, tokenizer_model, force)
     _write_pi05(standins, seed + 2, norm_stats(episodes[NORM_STATS_DATASET]), force)

@@ -60,7 +60,8 @@ def _staged(path: Path) -> Iterator[Path]:
 def write_atomic(files: dict[Path, Callable[[Path], None]]) -> None:
     """Write several files so that none is replaced unless all were written.
 
-    ``files`` maps each destination to a writer that fills a temporary path.
+    ``files`` maps each destination to a writer that fills a temporary path. Files end up
+    readable by all (0644, as a plain write would leave them), not mkstemp's 0600.
     """
     staged: list[tuple[Path, Path]] = []
     try:
@@ -68,6 +69,7 @@ def write_atomic(files: dict[Path, Callable[[Path], None]]) -> None:
             for dest, writer in files.items():
                 tmp = stack.enter_context(_staged(Path(dest)))
                 writer(tmp)
+                os.chmod(tmp, 0o644)
                 staged.append((tmp, Path(dest)))
             for tmp, dest in staged:
                 os.replace(tmp, dest)

@@ -34,7 +34,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -357,14 +356,8 @@ def write_norm_stats(
         entry = stats[ours]
         content[theirs] = {m: [float(x) for x in np.asarray(getattr(entry, m)).reshape(-1)]
                            for m in MOMENTS if getattr(entry, m) is not None}  # fmt: skip
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as out:
-            out.write(json.dumps({"norm_stats": content}, indent=2) + "\n")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    from recap.data.sidecars import write_atomic
+
+    text = json.dumps({"norm_stats": content}, indent=2) + "\n"
+    write_atomic({path: lambda tmp: tmp.write_text(text)})
     return path
