@@ -85,6 +85,12 @@ def draw_conditional(
     return keep if mode == PAPER else keep & labels
 
 
+def epoch_seed(seed: int, epoch: int) -> int:
+    """A 63-bit seed for epoch ``epoch`` of a run seeded ``seed`` (``numpy.SeedSequence``), so
+    each epoch's dropout draw is independent of the others and reproducible."""
+    return int(np.random.SeedSequence([int(seed), int(epoch)]).generate_state(2, np.uint64)[0] >> 1)
+
+
 def condition_tasks(
     tasks: Sequence[str],
     labels: np.ndarray | torch.Tensor,

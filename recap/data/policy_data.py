@@ -14,8 +14,12 @@ Conditioning (SPEC "Step 4"): labels come from ``meta/advantages_{tag}.parquet``
 frame. ``paper``: every frame gets its label's text, dropped to the plain prompt with probability
 0.3; ``positive_only_conditional`` (RLinf): positives get the positive text except with
 probability 0.1, negatives never; ``none``: the plain prompt (behaviour cloning, the baseline).
-The dropout is drawn once per virtual item from ``seed`` (``draw_conditional``), so it depends
-only on (seed, index): a resumed run, or another epoch, sees the same prompts.
+The dropout is drawn afresh for every use of a frame, as in the paper's CFG training and RLinf (a
+uniform per sample): the training sampler hands out *use indices* ``epoch * len + item``
+(``redraws_per_epoch``), and epoch ``e``'s draw (``draw_conditional`` over all items) comes from
+``(seed, e)`` only, so a resumed run sees the same prompts and every positive frame is seen with
+and without its text over a run. ``seed`` defaults to ``train.seed``, so a seed study that
+changes the training seed changes the dropout and the mixture too.
 
 Normalization is openpi's quantile map, unclipped. Its statistics (``norm_stats``): ``checkpoint``
 reads the ones the fine-tuned checkpoint carries (openpi ``assets/<asset_id>/norm_stats.json``,
@@ -49,6 +53,7 @@ from recap.data.conditioning import (
     check_style,
     dataset_labels,
     draw_conditional,
+    epoch_seed,
     normalize_quantile,
     pad_last,
     pi05_prompt,
@@ -224,7 +229,9 @@ class PolicyDataset(Dataset):
         labels = np.concatenate([s.labels[self.row_of[self.source_of == i]]
                                  for i, s in enumerate(self.sources)])  # fmt: skip
         self.labels = labels  # source_of is sorted, so this is in virtual-item order
-        self.conditional = self._draw(conditioning, dropout, seed)
+        self.dropout, self.seed = dropout, int(seed)
+        self._draws: dict[int, np.ndarray] = {}
+        self.conditional = self.conditional_in(0)  # epoch 0 (evaluation uses plain indices)
         self._cache: dict[Prompt, list[int]] = {}
 
     def _source(self, spec: DatasetSpec, tag: str, key_map: KeyMap | None, horizon: int):
@@ -240,12 +247,20 @@ class PolicyDataset(Dataset):
             labels = dataset_labels(spec.root, tag, ep, fr)
         return _Source(spec, frames, tasks, labels)
 
-    def _draw(self, mode: str, dropout: float | None, seed: int) -> np.ndarray:
-        """bool[items]: which items carry the advantage text (fixed per (seed, index))."""
-        if mode == NONE:
+    redraws_per_epoch = True  # the training sampler passes use indices (epoch * len + item)
+
+    def conditional_in(self, epoch: int) -> np.ndarray:
+        """bool[items]: which items carry the advantage text in ``epoch`` (seeded by
+        ``(seed, epoch)``; epoch 0 by ``seed`` alone). The last two epochs are kept."""
+        if self.conditioning == NONE:
             return np.zeros(len(self.labels), dtype=bool)
-        generator = torch.Generator().manual_seed(int(seed))
-        return draw_conditional(self.labels, mode, dropout, generator).numpy()
+        if epoch not in self._draws:
+            seed = self.seed if epoch == 0 else epoch_seed(self.seed, epoch)
+            generator = torch.Generator().manual_seed(seed)
+            draw = draw_conditional(self.labels, self.conditioning, self.dropout, generator)
+            self._draws = {e: d for e, d in self._draws.items() if e == epoch - 1}
+            self._draws[epoch] = draw.numpy()
+        return self._draws[epoch]
 
     def __len__(self) -> int:
         return int(self.source_of.shape[0])
@@ -270,7 +285,14 @@ class PolicyDataset(Dataset):
                              "bind both the same")  # fmt: skip
 
     def __getitems__(self, indices) -> dict:
-        idx = np.asarray(indices, dtype=np.int64)
+        """A batch of items; an index ``epoch * len + item`` is ``item`` with that epoch's
+        dropout draw (``redraws_per_epoch``)."""
+        use = np.asarray(indices, dtype=np.int64)
+        epochs, idx = np.divmod(use, len(self))
+        conditional = np.zeros(idx.shape[0], dtype=bool)
+        for epoch in np.unique(epochs).tolist():
+            at = epochs == epoch
+            conditional[at] = self.conditional_in(epoch)[idx[at]]
         src, rows, n = self.source_of[idx], self.row_of[idx], idx.shape[0]
         size = self.image_size
         frames = torch.zeros(n, NUM_SLOTS, size, size, 3, dtype=torch.uint8)
@@ -290,14 +312,14 @@ class PolicyDataset(Dataset):
             actions[sel], action_mask[sel] = chunk, batch["action_mask"][..., None] & dims
             state = normalize_quantile(batch["state"].numpy(), self.stats["state"])
             for j, i in enumerate(sel.tolist()):
-                label = bool(self.labels[idx[i]]) if self.conditional[idx[i]] else None
+                label = bool(self.labels[idx[i]]) if conditional[i] else None
                 texts[i] = self.prompt(source.tasks[rows[i]], label, state[j])
         ids, mask = self.tokenize(texts)
         out = {"frames": frames, "image_masks": masks, "input_ids": ids, "attention_mask": mask,
                "actions": actions, "action_mask": action_mask,
                "source": torch.from_numpy(src), "row": torch.from_numpy(rows)}  # fmt: skip
         if self.conditioning != NONE:  # per-branch metrics; behaviour cloning has one branch
-            out["conditional"] = torch.from_numpy(self.conditional[idx].copy())
+            out["conditional"] = torch.from_numpy(conditional)
         return out
 
     def __getitem__(self, index: int) -> dict:
@@ -354,7 +376,7 @@ def policy_data(
     prompt_style: str = OPENPI,
     max_length: int = 200,
     mixing: str = "proportional",
-    seed: int = 0,
+    seed: int | None = None,
     norm_stats: str = AUTO,
     checkpoint: str | None = None,
     asset_id: str | None = None,
@@ -365,8 +387,10 @@ def policy_data(
     loads; ``asset_id``: its ``assets/<asset_id>``, any single one when None); the train split
     prints where they come from and, with ``export_stats`` and ``train.run_dir`` bound, writes
     them to ``{run_dir}/assets/<asset_id or "recap">/norm_stats.json`` (rank 0).
-    ``action_horizon`` must equal the model's."""
+    ``action_horizon`` must equal the model's. ``seed`` (label dropout and mixture) defaults to
+    ``train.seed``."""
     check_style(prompt_style)
+    seed = int(bound("train.seed", 0)) if seed is None else seed
     train_specs, specs = split_specs("policy_data", split, datasets, eval_datasets, data_root)
     stats, source = resolve_stats(norm_stats, checkpoint, asset_id, train_specs)
     args = dict(tokenizer=load_tokenizer(tokenizer_path), image_size=image_size,

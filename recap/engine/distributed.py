@@ -144,7 +144,9 @@ class StepBatchSampler:
 
     Global batch ``b`` is cut into ``global/micro`` micro-batches; micro-batch ``j`` goes to rank
     ``j % world`` as its accumulation step ``j // world``. So 1 rank x 2 accumulation steps and
-    2 ranks x 1 step see exactly the same micro-batches.
+    2 ranks x 1 step see exactly the same micro-batches. With ``use_indices`` an example is
+    handed out as ``epoch * num_examples + index``, for datasets that draw something afresh
+    per epoch (``redraws_per_epoch``: the policy's label dropout).
     """
 
     num_examples: int
@@ -155,6 +157,7 @@ class StepBatchSampler:
     stop: int
     rank: int = 0
     world: int = 1
+    use_indices: bool = False
 
     @property
     def accumulation(self) -> int:
@@ -166,6 +169,9 @@ class StepBatchSampler:
     def __iter__(self) -> Iterator[list[int]]:
         for step in range(self.start, self.stop):
             indices = step_batch_indices(step, self.num_examples, self.global_batch, self.seed)
+            if self.use_indices:
+                epoch = step // (self.num_examples // self.global_batch)
+                indices = indices + epoch * self.num_examples
             for m in range(self.accumulation):
                 j = m * self.world + self.rank
                 yield indices[j * self.micro_batch : (j + 1) * self.micro_batch].tolist()
@@ -184,6 +190,7 @@ def train_batches(
         stop,
         rank(),
         world_size(),
+        use_indices=bool(getattr(dataset, "redraws_per_epoch", False)),
     )
     collate = getattr(dataset, "collate", None) or torch.utils.data.default_collate
     loader = torch.utils.data.DataLoader(

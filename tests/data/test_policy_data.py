@@ -177,3 +177,113 @@ def test_the_data_refuses_a_model_its_tokens_or_chunks_do_not_fit(data):
     )
     with pytest.raises(RecapError, match=r"^policy_data.action_horizon \d+ != pi05_policy"):
         ds.check_model(model(size, ds.action_horizon + 1))
+
+
+@pytest.mark.parametrize("mode, prob", [("paper", 0.3), ("positive_only_conditional", 0.1)])
+def test_dropout_is_drawn_afresh_each_epoch_within_binomial_bounds(data, mode, prob):
+    """Use index epoch * len + item: each epoch an independent draw seeded by (seed, epoch), the
+    same after a rebuild; over 8 epochs every eligible frame is seen both with and without its
+    text about as often as the dropout says (3-sigma binomial bounds)."""
+    ds = dataset(data, mode, seed=3)
+    n, epochs = len(ds), 8
+    eligible = np.ones(n, dtype=bool) if mode == "paper" else ds.labels
+    uses = np.arange(epochs * n)
+    cond = ds.__getitems__(uses.tolist())["conditional"].numpy().reshape(epochs, n)
+    np.testing.assert_array_equal(cond[0], ds.conditional)  # epoch 0 = the plain-index draw
+    assert not (cond[:, ~eligible]).any()  # RLinf: negatives never carry the text
+    trials = int(epochs * eligible.sum())
+    dropped = int(trials - cond[:, eligible].sum())
+    sigma = (trials * prob * (1 - prob)) ** 0.5
+    assert abs(dropped - trials * prob) <= 3 * sigma, (dropped, trials)
+    # epochs differ from each other (not one fixed subset for the whole run) ...
+    assert all((cond[e] != cond[0]).any() for e in range(1, epochs))
+    # ... and a frame fixed in every epoch is as rare as chance allows: P(always kept) = (1-p)^8
+    always = cond[:, eligible].all(0).mean()
+    assert always < (1 - prob) ** epochs + 0.15, always
+    again = dataset(data, mode, seed=3)
+    batch = again.__getitems__([5 * n + 7, 2 * n + 3])["conditional"].numpy()
+    np.testing.assert_array_equal(batch, [cond[5, 7], cond[2, 3]])
+    prompts = texts(again, [5 * n + 7, 7])
+    assert ("advantage" in prompts[0]) == bool(cond[5, 7])
+    assert ("advantage" in prompts[1]) == bool(cond[0, 7])
+
+
+def test_dropout_seed_follows_the_training_seed(data):
+    import gin
+
+    import recap.steps.train  # noqa: F401  (registers train, whose seed is read)
+    from recap.data.policy_data import policy_data
+
+    entries = [{"name": "sft", "root": "sft", "type": "sft"}, {"name": "rollout", "root": "rollout"}]
+    common = dict(datasets=entries, data_root=str(data), advantages_tag=TAG,
+                  tokenizer_path=str(data / "tokenizer"), image_size=32, action_horizon=H,
+                  state_in_prompt=False, max_length=32, export_stats=False)  # fmt: skip
+    draws = {}
+    for seed in (0, 1):
+        gin.clear_config()
+        gin.parse_config(f"train.seed = {seed}")
+        draws[seed] = policy_data(**common).conditional
+    gin.clear_config()
+    explicit = policy_data(seed=1, **common).conditional
+    np.testing.assert_array_equal(draws[1], explicit)
+    assert (draws[0] != draws[1]).mean() > 0.2
+
+
+def test_labels_reach_their_frames_from_a_hand_made_table(data, tmp_path):
+    """A sidecar written by hand (rows shuffled; label = (7 * episode + frame) % 3 == 0) and no
+    dropout: every item's prompt says its own frame's label."""
+    import shutil
+
+    copy = tmp_path / "demo_data"
+    shutil.copytree(data, copy)
+    for name in ("sft", "rollout"):
+        path = copy / name / "meta" / f"advantages_{TAG}.parquet"
+        keys = pq.read_table(path, columns=["episode_index", "frame_index"])
+        ep = keys.column("episode_index").to_numpy()
+        fr = keys.column("frame_index").to_numpy()
+        order = np.random.default_rng(5).permutation(len(ep))
+        hand = pa.table({"episode_index": ep[order], "frame_index": fr[order],
+                         "advantage": (7 * ep[order] + fr[order]) % 3 == 0})  # fmt: skip
+        pq.write_table(hand, path)  # no source record: accepted as a pre-record sidecar
+    ds = dataset(copy, "paper", dropout=0.0)
+    got = texts(ds, list(range(len(ds))))
+    for i, text in enumerate(got):
+        frames = ds.sources[ds.source_of[i]].frames
+        row = ds.row_of[i]
+        ep, fr = int(frames.columns["episode_index"][row]), int(frames.columns["frame_index"][row])
+        word = "positive" if (7 * ep + fr) % 3 == 0 else "negative"
+        assert text.split()[-1] == word, (i, ep, fr, text)
+    assert len(got) == 155 and sum(t.endswith("positive") for t in got) == 52
+
+
+def test_inference_prompts_and_frames_equal_training_for_the_same_frame(data):
+    """The closed-loop adapter builds, from an observation of a frame, the same token ids (with
+    the positive text and plain) and camera slots as training does for that frame."""
+    from recap.steps.evaluate_policy import PolicyAdapter
+
+    specs = parse_dataset_specs([{"name": "sft", "root": "sft", "type": "sft"},
+                                 {"name": "rollout", "root": "rollout"}], data)  # fmt: skip
+    tok = load_tokenizer(data / "tokenizer")
+    common = dict(image_size=32, action_horizon=H, state_in_prompt=True, max_length=200)
+    labelled = PolicyDataset(specs, TAG, tok, dropout=0.0, **common)
+    plain = PolicyDataset(specs, TAG, tok, dropout=1.0, **common)
+    items = [int(np.flatnonzero(labelled.labels)[0]), int(np.flatnonzero(labelled.labels)[-1])]
+    adapter = PolicyAdapter(torch.nn.Identity(), labelled)
+    for i in items:
+        source = labelled.sources[labelled.source_of[i]]
+        row = np.array([labelled.row_of[i]])
+        raw = source.frames.__getitems__(row)
+        obs = {"images": {c: raw["images"][c].numpy() for c in source.frames.key_map.cameras},
+               "state": raw["state"].numpy(), "task": [source.tasks[row[0]]]}  # fmt: skip
+        batch = adapter.batch(obs)
+        for key, reference in (("input_ids", labelled), ("uncond_input_ids", plain)):
+            train = reference.__getitems__([i])
+            mask = "attention_mask" if key == "input_ids" else "uncond_attention_mask"
+            assert batch[key][0, batch[mask][0]].tolist() == (
+                train["input_ids"][0, train["attention_mask"][0]].tolist()
+            )
+        assert torch.equal(batch["frames"], train["frames"])
+        assert torch.equal(batch["image_masks"], train["image_masks"])
+    text = tok.decode(batch["input_ids"][0, batch["attention_mask"][0]])
+    # the demo's word-level tokenizer: the state bins are unknown words, the label text is not
+    assert text.startswith("<bos> task : reach the") and "advantage : positive <unk>" in text

@@ -56,3 +56,14 @@ def test_sharded_inference_merges_each_item_once_in_order(num_items, world):
     assert len({len(s) for s in shards}) == 1  # same forward count on every rank
     merged = merge_shards(torch.stack(shards), num_items)
     assert merged.tolist() == list(range(num_items))
+
+
+def test_use_indices_carry_the_epoch_for_datasets_that_redraw():
+    plain = list(StepBatchSampler(20, 8, 4, 0, 0, 6, 0, 1))  # 2 steps per epoch: epochs 0, 1, 2
+    used = list(StepBatchSampler(20, 8, 4, 0, 0, 6, 0, 1, use_indices=True))
+    for k, (a, b) in enumerate(zip(plain, used)):
+        epoch = k // 4  # 2 micro-batches per step, 2 steps per epoch
+        assert b == [i + 20 * epoch for i in a]
+    assert min(used[8]) >= 40 and max(used[7]) < 40
+    resumed = list(StepBatchSampler(20, 8, 4, 0, 3, 6, 0, 1, use_indices=True))
+    assert resumed == used[6:]
