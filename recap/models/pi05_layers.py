@@ -75,7 +75,9 @@ class ExpertLayer(nn.Module):
 class ActionExpert(nn.Module):
     """The Gemma action expert without token embeddings: ``layers`` and a final ``norm``.
 
-    Linear weights start as Gemma's (normal, std ``initializer_range``; zero biases).
+    Linear weights start as Gemma's (normal, std ``initializer_range``; zero biases), except the
+    adaptive norms' modulation, which starts at zero (openpi's ``kernel_init=zeros``): at
+    initialization every norm is a plain RMSNorm and the time conditioning grows from there.
     """
 
     def __init__(self, config: GemmaConfig):
@@ -89,6 +91,9 @@ class ActionExpert(nn.Module):
                 nn.init.normal_(module.weight, std=config.initializer_range)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
+        for module in self.modules():
+            if isinstance(module, AdaRMSNorm):  # after the loop above, which would overwrite it
+                nn.init.zeros_(module.dense.weight)
 
 
 @dataclasses.dataclass

@@ -314,3 +314,19 @@ def test_gradient_checkpointing_gives_the_same_gradients():
 def test_config_must_share_attention():
     with pytest.raises(RecapError, match="num_attention_heads"):
         build_pi05(tiny_config(expert={**EXPERT, "num_attention_heads": 4}))
+
+
+def test_adaptive_norms_start_as_plain_rms_norms_with_closed_gates():
+    """openpi's adaptive RMSNorm modulation starts at zero (kernel_init=zeros): at init every
+    expert norm has scale = shift = gate = 0, so each residual branch adds nothing."""
+    from recap.models.pi05_layers import AdaRMSNorm
+
+    torch.manual_seed(0)
+    norms = [m for m in build_pi05(tiny_config()).modules() if isinstance(m, AdaRMSNorm)]
+    assert len(norms) == 2 * 2 + 1  # two per expert layer (tiny: 2 layers) and the final one
+    assert all(not n.dense.weight.any() and not n.dense.bias.any() for n in norms)
+    x, cond = torch.randn(2, 3, norms[0].dense.out_features // 3), torch.randn(2, 64)
+    y, gate = norms[0](x, cond[:, : norms[0].dense.in_features])
+    rms = x * torch.rsqrt(x.square().mean(-1, keepdim=True) + norms[0].eps)
+    torch.testing.assert_close(y, rms)
+    assert not gate.any()
