@@ -13,7 +13,9 @@ Conditioning (SPEC "Step 4"): labels come from ``meta/advantages_{tag}.parquet``
 (episode_index, frame_index); a frame without a label is a one-line error naming the file and the
 frame. ``paper``: every frame gets its label's text, dropped to the plain prompt with probability
 0.3; ``positive_only_conditional`` (RLinf): positives get the positive text except with
-probability 0.1, negatives never; ``none``: the plain prompt (behaviour cloning, the baseline).
+probability 0.1, negatives never; ``none``: the plain prompt (behaviour cloning, the baseline);
+``filtered``: the positive frames only, with the plain prompt (filtered behaviour cloning, a
+control of the validity benchmark).
 The dropout is drawn afresh for every use of a frame, as in the paper's CFG training and RLinf (a
 uniform per sample): the training sampler hands out *use indices* ``epoch * len + item``
 (``redraws_per_epoch``), and epoch ``e``'s draw (``draw_conditional`` over all items) comes from
@@ -68,7 +70,9 @@ from recap.engine import distributed
 from recap.errors import DatasetError, RecapError, located
 
 NONE = "none"  # conditioning mode of the behaviour-cloning baseline
-CONDITIONING = (*MODES, NONE)
+FILTERED = "filtered"  # filtered behaviour cloning: the positive frames only, plain prompts
+CONDITIONING = (*MODES, NONE, FILTERED)
+PLAIN = (NONE, FILTERED)  # modes that train on the plain prompt only (one branch, beta 1)
 CHECKPOINT, DATA, AUTO = "checkpoint", "data", "auto"
 NORM_STATS = (CHECKPOINT, DATA, AUTO)
 DEFAULT_ASSET_ID = "recap"  # the asset id of exported stats when policy_data.asset_id is None
@@ -228,6 +232,12 @@ class PolicyDataset(Dataset):
         )  # fmt: skip
         labels = np.concatenate([s.labels[self.row_of[self.source_of == i]]
                                  for i, s in enumerate(self.sources)])  # fmt: skip
+        if conditioning == FILTERED:  # a control (bench/recap_vs_bc.py): imitate positives only
+            if not labels.any():
+                raise RecapError(f"policy_data.conditioning {FILTERED!r}: advantages tag "
+                                 f"{advantages_tag!r} labels no frame positive")  # fmt: skip
+            self.source_of, self.row_of, labels = (
+                self.source_of[labels], self.row_of[labels], labels[labels])  # fmt: skip
         self.labels = labels  # source_of is sorted, so this is in virtual-item order
         self.dropout, self.seed = dropout, int(seed)
         self._draws: dict[int, np.ndarray] = {}
@@ -252,7 +262,7 @@ class PolicyDataset(Dataset):
     def conditional_in(self, epoch: int) -> np.ndarray:
         """bool[items]: which items carry the advantage text in ``epoch`` (seeded by
         ``(seed, epoch)``; epoch 0 by ``seed`` alone). The last two epochs are kept."""
-        if self.conditioning == NONE:
+        if self.conditioning in PLAIN:
             return np.zeros(len(self.labels), dtype=bool)
         if epoch not in self._draws:
             seed = self.seed if epoch == 0 else epoch_seed(self.seed, epoch)
@@ -318,7 +328,7 @@ class PolicyDataset(Dataset):
         out = {"frames": frames, "image_masks": masks, "input_ids": ids, "attention_mask": mask,
                "actions": actions, "action_mask": action_mask,
                "source": torch.from_numpy(src), "row": torch.from_numpy(rows)}  # fmt: skip
-        if self.conditioning != NONE:  # per-branch metrics; behaviour cloning has one branch
+        if self.conditioning not in PLAIN:  # per-branch metrics; behaviour cloning has one
             out["conditional"] = torch.from_numpy(conditional)
         return out
 

@@ -280,7 +280,21 @@ def evaluate_batch(
     ``policy`` gets ``{"images": {cam: uint8[B,S,S,3]}, "state": float32[B,8], "task": list[str]}``
     for the B running episodes and returns float[B, >=2].
     """
-    sampler, successes = ReachEnv(seed, config), 0
+    outcomes = episode_outcomes(policy, num_episodes, seed, batch_size, config)
+    return float(outcomes.sum()) / max(num_episodes, 1)
+
+
+def episode_outcomes(
+    policy: Callable[[Observation], np.ndarray],
+    num_episodes: int,
+    seed: int = 0,
+    batch_size: int = 32,
+    config: ReachConfig = ReachConfig(),
+) -> np.ndarray:
+    """bool[num_episodes]: success of each seeded episode (layout k of ``ReachEnv(seed)`` at
+    position k, so two policies' outcomes pair episode by episode), batched as
+    :func:`evaluate_batch`."""
+    sampler, successes = ReachEnv(seed, config), np.zeros(num_episodes, dtype=bool)
     layouts = [sample_layout(sampler.rng, config) for _ in range(num_episodes)]
     for start in range(0, num_episodes, batch_size):
         batch = layouts[start : start + batch_size]
@@ -293,8 +307,8 @@ def evaluate_batch(
                 obs[i], done, success = envs[i].step(action)
                 if done:
                     live.remove(i)
-                    successes += success
-    return successes / max(num_episodes, 1)
+                    successes[start + i] = success
+    return successes
 
 
 def stack_observations(observations: list[Observation]) -> Observation:

@@ -32,8 +32,15 @@ import torch
 
 import recap.steps.train  # noqa: F401  (registers train, policy_data and pi05_policy with gin)
 from recap.data.conditioning import normalize_quantile, unnormalize_quantile
-from recap.data.policy_data import NONE, PolicyDataset, describe_stats, policy_data, run_stats
-from recap.data.synthetic import ReachConfig, evaluate_batch
+from recap.data.policy_data import PLAIN, PolicyDataset, describe_stats, policy_data, run_stats
+from recap.data.sidecars import write_atomic
+from recap.data.synthetic import (
+    ReachConfig,
+    ReachEnv,
+    episode_outcomes,
+    sample_layout,
+    stack_observations,
+)
 from recap.data.transforms import is_wrist, resize_frames
 from recap.engine.inference import load_exported
 from recap.errors import RecapError
@@ -73,7 +80,7 @@ class PolicyAdapter:
         masks = torch.zeros(n, 3, dtype=torch.bool)
         slots[:, : len(frames)], masks[:, : len(frames)] = torch.stack(frames, 1), True
         state = normalize_quantile(np.asarray(obs["state"], np.float64), self.data.stats["state"])
-        label = None if self.data.conditioning == NONE else True
+        label = None if self.data.conditioning in PLAIN else True
         cond = [self.data.prompt(t, label, s) for t, s in zip(obs["task"], state)]
         plain = [self.data.prompt(t, None, s) for t, s in zip(obs["task"], state)]
         ids, mask = self.data.tokenize(cond)
@@ -136,19 +143,67 @@ def evaluate_policy(
     print(describe_stats(data.stats, str(path) if path else "policy_data (the run exported "
                          "none)"), flush=True)  # fmt: skip
     data.check_model(model)
-    if data.conditioning == NONE:
+    if data.conditioning in PLAIN:
         betas = [1.0]  # one prompt: guidance has nothing to contrast
-    results, config = {}, ReachConfig(max_steps=max_steps)
+    results, outcomes, config = {}, {}, ReachConfig(max_steps=max_steps)
     for beta in betas:
         start = time.perf_counter()
         adapter = PolicyAdapter(model, data, float(beta), num_steps, noise_seed, guidance)
         with torch.no_grad():
-            rate = evaluate_batch(adapter, num_episodes, seed, batch_size, config)
-        results[f"beta_{float(beta):g}"] = rate
+            won = episode_outcomes(adapter, num_episodes, seed, batch_size, config)
+        key = f"beta_{float(beta):g}"
+        results[key], outcomes[key] = float(won.mean()) if num_episodes else 0.0, won
         seconds = time.perf_counter() - start
-        print(f"{run.name}: beta {float(beta):g}: success {rate:.3f} over {num_episodes} "
-              f"episodes ({seconds:.0f} s)", flush=True)  # fmt: skip
+        print(f"{run.name}: beta {float(beta):g}: success {results[key]:.3f} over "
+              f"{num_episodes} episodes ({seconds:.0f} s)", flush=True)  # fmt: skip
     record = {"conditioning": data.conditioning, "num_episodes": num_episodes, "seed": seed,
-              "guidance": guidance, "success": results}  # fmt: skip
-    (run / RESULTS_FILE).write_text(json.dumps(record, indent=2) + "\n")
+              "guidance": guidance, "success": results,
+              "outcomes": {k: v.astype(int).tolist() for k, v in outcomes.items()}}  # fmt: skip
+    if data.conditioning not in PLAIN:
+        record["sensitivity"] = conditioning_sensitivity(model, data, seed, num_steps, noise_seed)
+        print(f"{run.name}: conditioning sensitivity {record['sensitivity']}", flush=True)
+    write_atomic({run / RESULTS_FILE: lambda p: p.write_text(json.dumps(record, indent=2) + "\n")})
     return results
+
+
+def conditioning_sensitivity(
+    model: Pi05Policy,
+    data: PolicyDataset,
+    seed: int = 1000,
+    num_steps: int | None = None,
+    noise_seed: int = 0,
+    frames: int = 64,
+) -> dict[str, float]:
+    """Does the policy read its label? On the first observation of ``frames`` held-out episodes
+    (the evaluation's layouts), the mean L2 distance between action chunks (normalized space)
+    sampled with the same noise from the positive prompt and the plain one
+    (``positive_vs_plain``), the negative one (``positive_vs_negative``; omitted for
+    ``positive_only_conditional``, which never saw it), and, as the scale of "no effect", from
+    the positive prompt with two different noises (``noise_reference``). A policy that ignores
+    its label shows ~0 for the first two."""
+    env = ReachEnv(seed)
+    layouts = [sample_layout(env.rng, env.config) for _ in range(frames)]
+    obs = stack_observations([ReachEnv(0, env.config).reset(layout) for layout in layouts])
+    positive_only = data.conditioning == "positive_only_conditional"
+    adapter = PolicyAdapter(model, data, 1.0, num_steps, noise_seed,
+                            "positive" if positive_only else "negative")  # fmt: skip
+    batch = adapter.batch(obs)
+    config = model.config
+    shape = (frames, config.action_horizon, config.action_dim)
+    generator = torch.Generator().manual_seed(noise_seed)
+    noise, other = torch.randn(shape, generator=generator), torch.randn(shape, generator=generator)
+
+    def sample(beta: float, kind: str, eps: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return model.sample_actions(batch, eps, beta, num_steps, guidance=kind,
+                                        positive_only=positive_only)  # fmt: skip
+
+    def distance(a: torch.Tensor, b: torch.Tensor) -> float:
+        return float((a - b).flatten(1).norm(dim=1).mean())
+
+    positive = sample(1.0, "positive", noise)
+    out = {"positive_vs_plain": distance(positive, sample(0.0, "positive", noise))}
+    if not positive_only:
+        out["positive_vs_negative"] = distance(positive, sample(1.0, "negative", noise))
+    out["noise_reference"] = distance(positive, sample(1.0, "positive", other))
+    return {k: round(v, 6) for k, v in out.items()}

@@ -214,7 +214,8 @@ def test_dropout_seed_follows_the_training_seed(data):
     import recap.steps.train  # noqa: F401  (registers train, whose seed is read)
     from recap.data.policy_data import policy_data
 
-    entries = [{"name": "sft", "root": "sft", "type": "sft"}, {"name": "rollout", "root": "rollout"}]
+    entries = [{"name": "sft", "root": "sft", "type": "sft"},
+               {"name": "rollout", "root": "rollout"}]  # fmt: skip
     common = dict(datasets=entries, data_root=str(data), advantages_tag=TAG,
                   tokenizer_path=str(data / "tokenizer"), image_size=32, action_horizon=H,
                   state_in_prompt=False, max_length=32, export_stats=False)  # fmt: skip
@@ -287,3 +288,13 @@ def test_inference_prompts_and_frames_equal_training_for_the_same_frame(data):
     text = tok.decode(batch["input_ids"][0, batch["attention_mask"][0]])
     # the demo's word-level tokenizer: the state bins are unknown words, the label text is not
     assert text.startswith("<bos> task : reach the") and "advantage : positive <unk>" in text
+
+
+def test_filtered_behaviour_cloning_keeps_only_positive_frames_with_plain_prompts(data):
+    paper, filtered = dataset(data, "paper"), dataset(data, "filtered")
+    assert len(filtered) == int(paper.labels.sum()) == 47 and filtered.labels.all()
+    kept = set(zip(filtered.source_of.tolist(), filtered.row_of.tolist()))
+    positives = np.flatnonzero(paper.labels)
+    assert kept == set(zip(paper.source_of[positives].tolist(), paper.row_of[positives].tolist()))
+    assert all("advantage" not in t for t in texts(filtered, list(range(len(filtered)))))
+    assert "conditional" not in filtered.__getitems__([0, 1])

@@ -28,6 +28,7 @@ from recap.data.synthetic import (
     ReachConfig,
     ReachEnv,
     ScriptedPolicy,
+    episode_outcomes,
     evaluate,
     evaluate_batch,
     generate_episodes,
@@ -159,6 +160,11 @@ def test_evaluate_batch_matches_evaluate():
     rate = evaluate(expert, 24, seed=4, config=short)
     assert 0.2 < rate < 0.9
     assert evaluate_batch(batched, 24, seed=4, batch_size=5, config=short) == rate
+    # per episode, in layout order: the same outcomes whatever the batch size
+    outcomes = episode_outcomes(batched, 24, seed=4, batch_size=5, config=short)
+    assert outcomes.dtype == bool and outcomes.shape == (24,) and outcomes.mean() == rate
+    again = episode_outcomes(batched, 24, seed=4, batch_size=7, config=short)
+    np.testing.assert_array_equal(outcomes, again)
 
 
 def test_rollout_mix_success_fraction_and_expert_demos():

@@ -108,6 +108,11 @@ def test_closed_loop_step_runs_every_beta(run):
     assert set(results) == {"beta_1", "beta_2"} and all(0 <= r <= 1 for r in results.values())
     record = json.loads((run["root"] / "run" / "closed_loop.json").read_text())
     assert record["success"] == results and record["conditioning"] == "paper"
+    for key, rate in results.items():  # per-episode outcomes, for the benchmark's bootstrap
+        assert len(record["outcomes"][key]) == 4 and np.mean(record["outcomes"][key]) == rate
+    probe = record["sensitivity"]
+    assert set(probe) == {"positive_vs_plain", "positive_vs_negative", "noise_reference"}
+    assert probe["noise_reference"] > 0 and probe["positive_vs_plain"] > 0
     adapter = PolicyAdapter(model, policy_data(), beta=2.0, seed=5)
     obs = {"images": {"image": np.zeros((2, 64, 64, 3), np.uint8),
                       "wrist_image": np.zeros((2, 64, 64, 3), np.uint8)},
