@@ -14,7 +14,10 @@ frames into floats and augments them on its device.
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import gin
 import numpy as np
@@ -23,12 +26,13 @@ import pyarrow.compute as pc
 import torch
 from torch.utils.data import Dataset
 
+from recap.config_check import bound
 from recap.core import columns as C
 from recap.core.advantages import align_to_frames
 from recap.core.normalize import ReturnRange, normalize_returns
 from recap.data.lerobot import KeyMap
 from recap.data.loader import FrameDataset, pass_through
-from recap.data.sidecars import read_returns
+from recap.data.sidecars import read_returns, write_atomic
 from recap.data.specs import DatasetSpec, split_specs
 from recap.data.transforms import (
     build_prompt,
@@ -36,10 +40,14 @@ from recap.data.transforms import (
     resize_frames,
     tokenize_prompts,
 )
+from recap.engine import distributed
 from recap.errors import DatasetError, RecapError, located
 
 NUM_SLOTS = 3
 MIXING = ("proportional", "balanced")
+
+
+RANGE_FILE = "return_range.json"  # beside a value run's weights: its training return range
 
 
 def training_return_range(specs: list[DatasetSpec], tag: str) -> ReturnRange:
@@ -49,6 +57,30 @@ def training_return_range(specs: list[DatasetSpec], tag: str) -> ReturnRange:
         _, stats = read_returns(spec.root, tag)
         ranges.append(ReturnRange(stats["return_min"], stats["return_max"]))
     return ReturnRange.union(ranges)
+
+
+def write_return_range(run_dir: str | os.PathLike, rng: ReturnRange, datasets: list[str]) -> Path:
+    """``{run_dir}/return_range.json``: the range the value model's targets were normalized
+    with, which Step 3 must use to read its outputs back as returns (atomically)."""
+    path = Path(run_dir) / RANGE_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps({"return_min": rng.return_min, "return_max": rng.return_max,
+                       "datasets": datasets})  # fmt: skip
+    write_atomic({path: lambda tmp: tmp.write_text(text + "\n")})
+    return path
+
+
+def read_return_range(directory: str | os.PathLike) -> tuple[ReturnRange, Path] | None:
+    """The range a value run recorded (``write_return_range``), or None (older runs, imports)."""
+    path = Path(directory) / RANGE_FILE
+    if not path.is_file():
+        return None
+    try:
+        saved = json.loads(path.read_text())
+        return ReturnRange(float(saved["return_min"]), float(saved["return_max"])), path
+    except (ValueError, KeyError, TypeError) as exc:
+        raise RecapError(f"{path}: unreadable ({exc}); delete it and pass "
+                         "compute_advantages.return_range = (min, max)") from exc  # fmt: skip
 
 
 @dataclass
@@ -211,7 +243,8 @@ def value_data(
 ) -> ValueDataset:
     """Gin builder of the value model's train (``split="train"``) or eval data.
 
-    Both splits normalize targets with the training datasets' return range. In gin::
+    Both splits normalize targets with the training datasets' return range; the train split
+    records it as ``{train.run_dir}/return_range.json`` (rank 0), which Step 3 reads. In gin::
 
         train.data_fn = @value_data
         train.eval_data_fn = @eval/value_data
@@ -219,6 +252,9 @@ def value_data(
     """
     train_specs, specs = split_specs("value_data", split, datasets, eval_datasets, data_root)
     return_range = training_return_range(train_specs, returns_tag)
+    run_dir = bound("train.run_dir")
+    if split == "train" and run_dir is not None and distributed.is_main():
+        write_return_range(run_dir, return_range, [s.name for s in train_specs])
     return ValueDataset(
         specs, returns_tag, return_range, load_tokenizer(tokenizer_path), image_size,
         max_length, mixing=mixing, seed=seed,

@@ -45,7 +45,7 @@ from recap.core.advantages import (
     labeling_of,
 )
 from recap.core.normalize import GLOBAL, ReturnRange
-from recap.data.datasets import ValueDataset
+from recap.data.datasets import ValueDataset, read_return_range
 from recap.data.sidecars import (
     ADVANTAGES,
     advantages_files,
@@ -96,8 +96,9 @@ def compute_advantages(
 
     ``model_path``: a training run directory (``model.safetensors``; the architecture comes from
     ``model_fn``, i.e. the value model's gin file) or a ``save_pretrained`` directory.
-    ``return_range``: (min, max) of the value model's training returns; default: the listed
-    datasets' range. ``gamma``: default the Step 1 discount. Returns name -> sidecar (rank 0).
+    ``return_range``: (min, max) of the value model's training returns; default: the range the
+    value run recorded (``return_range.json`` beside its weights), else the listed datasets'.
+    ``gamma``: default the Step 1 discount. Returns name -> sidecar (rank 0).
     """
     check_positive_quantile(positive_quantile)  # the cheap checks first
     plan = Plan.checked(datasets, data_root, tag, returns_tag, model_path, tokenizer_path,
@@ -115,6 +116,8 @@ def compute_advantages(
         return {}
     rate = len(data) / max(time.perf_counter() - begin, 1e-9)
     print(f"values: {len(data)} frames, {rate:.1f} frames/s on {distributed.world_size()} ranks")
+    print(f"return range [{plan.range.return_min:g}, {plan.range.return_max:g}] from "
+          f"{plan.range_source}", flush=True)  # fmt: skip
     table = advantage_input(data, values, plan.returns, correction_column)
     labeled = add_advantages(table, return_range=plan.range, normalization=normalization,
                              lookahead=lookahead, gamma=plan.gamma, labels=options)  # fmt: skip
@@ -141,6 +144,7 @@ class Plan:
     returns: list[pa.Table]
     gamma: float
     range: ReturnRange
+    range_source: str
 
     @classmethod
     def checked(
@@ -167,10 +171,17 @@ class Plan:
         stats = [s for _, s in inputs]
         gamma = returns_gamma(specs, stats) if gamma is None else gamma
         check_lookahead(lookahead, gamma)
-        rng = ReturnRange.union([ReturnRange(s["return_min"], s["return_max"]) for s in stats])
-        rng = ReturnRange(*return_range) if return_range else rng
+        recorded = read_return_range(weights.parent)
+        if return_range:
+            rng, where = ReturnRange(*return_range), "compute_advantages.return_range"
+        elif recorded is not None:  # the range the value model was trained with
+            rng, where = recorded[0], str(recorded[1])
+        else:  # imported or older value models record none
+            rng = ReturnRange.union([ReturnRange(s["return_min"], s["return_max"]) for s in stats])
+            where = "the listed datasets (the value model recorded no training range)"
         tokenizer = load_tokenizer(tokenizer_path)
-        return cls(tag, returns_tag, specs, weights, tokenizer, [t for t, _ in inputs], gamma, rng)
+        return cls(tag, returns_tag, specs, weights, tokenizer, [t for t, _ in inputs], gamma, rng,
+                   where)  # fmt: skip
 
     def record(self, labeling: dict, correction_column: str | None) -> dict:
         """The tag's entry of ``meta/mixture_config.yaml``."""

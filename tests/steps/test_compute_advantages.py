@@ -279,3 +279,54 @@ def test_gin_files_parse(name):
     gin.clear_config()
     parse_gin([name], [])
     gin.clear_config()
+
+
+def test_step3_reads_values_back_with_the_range_the_value_run_recorded(demo, tmp_path):
+    """A value run records its training return range (value_data, train split); Step 3 uses it
+    by default, not the listed datasets' range (they differ when the value model trained on
+    other data, e.g. RLinf's experiment: SFT only)."""
+    import shutil
+
+    from recap.core.normalize import ReturnRange
+    from recap.data.datasets import RANGE_FILE, read_return_range, value_data
+
+    def range_of(name: str) -> ReturnRange:
+        stats = read_returns(root / name, "")[1]
+        return ReturnRange(stats["return_min"], stats["return_max"])
+
+    root = demo["root"]
+    gin.clear_config()
+    parse_gin(["demo/value.gin"], [f'train.run_dir = "{tmp_path / "value_run"}"'])
+    try:
+        tokenizer = str(root / "tokenizer")
+        value_data(datasets=ENTRIES[:1], data_root=str(root), tokenizer_path=tokenizer)
+    finally:
+        gin.clear_config()
+    sft, path = read_return_range(tmp_path / "value_run")
+    assert path.name == RANGE_FILE and sft == range_of("sft")
+    union = ReturnRange.union([range_of("sft"), range_of("rollout")])
+    assert sft != union
+    ranged = root / "run_ranged"
+    shutil.copytree(root / "pretrained", ranged)
+    shutil.copy(path, ranged / RANGE_FILE)
+    stdout = run_here(root, tag="ranged", model_path=str(ranged), scope="per_dataset",
+                      force_sft_positive=False, output_dir=str(root / "pics2"))  # fmt: skip
+    low, high = sft.return_min, sft.return_max
+    assert f"return range [{low:g}, {high:g}] from {ranged / RANGE_FILE}" in stdout
+    assert "the value model recorded no training range" in demo["stdout"]
+    specs, tables = parse_dataset_specs(ENTRIES, root), []
+    for spec in specs:  # the same model outputs; the advantages recomputed with the SFT range
+        ranged_side = read_advantages(spec.root, "ranged")[0]
+        one_side = read_advantages(spec.root, "one")[0]
+        assert ranged_side.column(C.VALUE_CURRENT).equals(one_side.column(C.VALUE_CURRENT))
+        table = read_returns(spec.root, "")[0]
+        table = table.append_column(VALUE, ranged_side.column(C.VALUE_CURRENT))
+        tables.append(table.append_column(C.DATASET_NAME, pa.array([spec.name] * len(table))))
+    expected = add_advantages(pa.concat_tables(tables), return_range=sft, lookahead=5,
+                              labels=LabelOptions(0.3, "per_dataset"))  # fmt: skip
+    for spec in specs:
+        got = read_advantages(spec.root, "ranged")[0].column(C.ADVANTAGE_CONTINUOUS).to_numpy()
+        part = expected.filter(pc.equal(expected.column(C.DATASET_NAME), spec.name))
+        np.testing.assert_allclose(got, part.column(C.ADVANTAGE_CONTINUOUS).to_numpy(), atol=1e-9)
+        before = read_advantages(spec.root, "one")[0].column(C.ADVANTAGE_CONTINUOUS).to_numpy()
+        assert np.abs(got - before).max() > 1e-3  # the range matters
