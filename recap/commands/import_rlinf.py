@@ -3,6 +3,8 @@
 recap-import rlinf-value full_weights.pt --out DIR [--vision-config F] [--text-config F]
     [--truncate] [--keep-unused]
 recap-import export-rlinf-value DIR --out full_weights.pt
+recap-import rlinf-policy full_weights.pt --out DIR [--base DIR] [--variant NAME]
+recap-import export-rlinf-policy DIR --out full_weights.pt
 
 ``rlinf-value`` maps every key of RLinf's value-model FSDP full state dict (``torch.save``,
 or ``.safetensors``) onto recap's value model with the Gemma1-style critic expert
@@ -13,6 +15,21 @@ pooling head and both ``lm_head`` tensors are dropped (with ``--keep-unused`` ke
 ``--truncate`` also drops the Gemma3 layers the expert never reads. The SigLIP and Gemma3
 configs default to siglip2-so400m-patch14-224 and gemma-3-270m (RLinf's); pass a model
 directory or its config.json otherwise. The expert's sizes come from the tensors.
+
+``rlinf-policy`` maps RLinf's CFG π0.5 ``full_weights.pt`` (openpi's ``PI0Pytorch.state_dict()``:
+no prefix, both ``lm_head`` tensors, the text embedding tied to ``paligemma.lm_head``) onto
+openpi's layout: ``DIR/model.safetensors`` keyed exactly as openpi's ``save_model`` writes it
+(the tied embedding only as ``lm_head``; checked to equal it), plus ``config.json`` /
+``recap_pi05.json``; every source key is used or dropped (the tied duplicate), every target key
+filled with its shape, else one line naming the first key. The sizes come from ``--base`` (the
+π0.5 checkpoint RLinf fine-tuned from: a recap / openpi / LeRobot directory, or an openpi
+training checkpoint with ``--variant``), whose ``assets/**/norm_stats.json`` is copied along;
+without it, the real sizes of ``--variant`` (default ``pi05_libero``). ``load_pi05(DIR)``,
+``pi05_policy.checkpoint`` and evaluation read the result. ``export-rlinf-policy`` writes an
+openpi-layout directory's weights back as RLinf's full state dict (the tied embedding
+restored), bit for bit what ``rlinf-policy`` read; a recap training run directory (its
+``model.safetensors`` holds ``Pi05Policy`` keys) exports too, the expert's unused ``lm_head``
+as zeros.
 """
 
 from __future__ import annotations
@@ -56,8 +73,12 @@ def load_state(path: str | Path) -> dict:
     return state
 
 
-def import_value(source, out, vision=None, text=None, truncate=False, keep_unused=False) -> Path:
-    """Write ``out/model.safetensors`` + ``out/config.json`` from RLinf's value checkpoint."""
+def import_value(
+    source, out, vision=None, text=None, truncate=False, keep_unused=False, return_range=None
+) -> Path:
+    """Write ``out/model.safetensors`` + ``out/config.json`` from RLinf's value checkpoint, and
+    with ``return_range`` (RLinf's ``data.return_min`` / ``return_max`` the model was trained
+    with) ``out/return_range.json``, which Step 3 then uses to read the values back."""
     import dataclasses
 
     import torch
@@ -88,6 +109,11 @@ def import_value(source, out, vision=None, text=None, truncate=False, keep_unuse
     (out / CONFIG_FILE).write_text(json.dumps(dataclasses.asdict(config0), indent=2))
     if keep_unused and unused:
         save_file({k: v.contiguous() for k, v in unused.items()}, str(out / UNUSED_FILE))
+    if return_range is not None:
+        from recap.core.normalize import ReturnRange
+        from recap.data.datasets import write_return_range
+
+        write_return_range(out, ReturnRange(*map(float, return_range)), ["rlinf"])
     return out
 
 
@@ -110,6 +136,65 @@ def export_value(directory, out) -> Path:
     return Path(out)
 
 
+def import_policy(source, out, base=None, variant="pi05_libero") -> Path:
+    """Write ``out/model.safetensors`` (openpi layout), ``config.json``, ``recap_pi05.json`` and
+    the base checkpoint's norm stats from RLinf's CFG policy checkpoint."""
+    import dataclasses
+    import shutil
+
+    import torch
+    from safetensors.torch import save_file
+
+    from recap.errors import RecapError
+    from recap.interop import rlinf
+    from recap.models import checkpoints as ckpt
+    from recap.models.pi05 import Pi05Config, build_pi05
+
+    state = load_state(source)
+    if base is not None:
+        config = ckpt.read_config(base, variant)
+    else:
+        config = Pi05Config(**ckpt.variant_fields(variant))
+    with torch.device("meta"):
+        target = ckpt.file_state(build_pi05(config), ckpt.OPENPI)
+    try:
+        tensors, _ = rlinf.split_policy_state(state, target)
+    except RecapError as exc:
+        raise RecapError(f"{source}: {exc.message}") from exc
+    stats = ckpt.find_norm_stats(base) if base is not None else None
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.contiguous() for k, v in tensors.items()}
+    save_file(tensors, str(out / ckpt.WEIGHTS_FILE), metadata={"format": "pt", "source": "rlinf"})
+    (out / ckpt.CONFIG_FILE).write_text(json.dumps(ckpt.foreign_config(config, ckpt.OPENPI)))
+    (out / ckpt.RECAP_CONFIG_FILE).write_text(json.dumps(dataclasses.asdict(config), indent=2))
+    if stats is not None and stats.name == ckpt.NORM_STATS_FILE:
+        dest = out / stats.relative_to(Path(base))
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(stats, dest)
+    return out
+
+
+def export_policy(directory, out) -> Path:
+    """RLinf's CFG policy full state dict (``torch.save``) from a π0.5 directory: openpi's
+    layout (``import_policy``'s output, ``save_pi05``, openpi checkpoints) or a recap training
+    run directory (``rlinf.join_policy_state``)."""
+    import torch
+    from safetensors.torch import load_file
+
+    from recap.errors import RecapError
+    from recap.interop import rlinf
+    from recap.models.checkpoints import WEIGHTS_FILE
+
+    weights = Path(directory) / WEIGHTS_FILE
+    if not weights.is_file():
+        raise RecapError(f"{weights}: not found; pass a π0.5 directory holding model.safetensors")
+    state = rlinf.join_policy_state(load_file(str(weights)))
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    torch.save(state, out)
+    return Path(out)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from recap.errors import RecapError
 
@@ -122,14 +207,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     imp.add_argument("--text-config", default=None)
     imp.add_argument("--truncate", action="store_true")
     imp.add_argument("--keep-unused", action="store_true")
+    imp.add_argument("--return-range", nargs=2, type=float, metavar=("MIN", "MAX"),
+                     help="RLinf's data.return_min/return_max the value model was trained with "
+                     "(recorded for Step 3)")  # fmt: skip
     exp = sub.add_parser("export-rlinf-value", help="recap gemma1 value dir -> RLinf .pt")
     exp.add_argument("directory")
     exp.add_argument("--out", required=True)
+    pol = sub.add_parser("rlinf-policy", help="RLinf CFG π0.5 full_weights.pt -> openpi dir")
+    pol.add_argument("source")
+    pol.add_argument("--out", required=True)
+    pol.add_argument("--base", default=None, help="the π0.5 checkpoint RLinf fine-tuned from")
+    pol.add_argument("--variant", default="pi05_libero")
+    pexp = sub.add_parser("export-rlinf-policy", help="openpi-layout π0.5 dir -> RLinf .pt")
+    pexp.add_argument("directory")
+    pexp.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     try:
         if args.what == "rlinf-value":
             path = import_value(args.source, args.out, args.vision_config, args.text_config,
-                                args.truncate, args.keep_unused)  # fmt: skip
+                                args.truncate, args.keep_unused, args.return_range)  # fmt: skip
+        elif args.what == "rlinf-policy":
+            path = import_policy(args.source, args.out, args.base, args.variant)
+        elif args.what == "export-rlinf-policy":
+            path = export_policy(args.directory, args.out)
         else:
             path = export_value(args.directory, args.out)
     except (RecapError, OSError, ValueError) as exc:

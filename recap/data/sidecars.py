@@ -238,12 +238,18 @@ def read_returns(root: str | os.PathLike, tag: str) -> tuple[pa.Table, dict]:
     return table, stats
 
 
-def read_parquet(path: Path, schema: pa.Schema | None = None) -> pa.Table:
-    """Read a parquet file; a corrupt file or missing field is a one-line DatasetError."""
+def read_parquet(
+    path: Path, schema: pa.Schema | None = None, optional: Sequence[str] = ()
+) -> pa.Table:
+    """Read a parquet file; a corrupt file or missing field is a one-line DatasetError.
+    ``optional``: fields of ``schema`` that may be absent (left out of the result)."""
     try:
         table = pq.read_table(path)
     except (OSError, pa.ArrowException) as exc:
         raise DatasetError(located(path, f"cannot read parquet ({exc}); rewrite the file")) from exc
+    if schema is not None and optional:
+        schema = pa.schema([f for f in schema
+                            if f.name in table.column_names or f.name not in optional])  # fmt: skip
     if schema is not None:
         for field in schema:
             if field.name not in table.column_names:
@@ -378,11 +384,15 @@ def sidecar_tags(root: str | os.PathLike, kind: str) -> list[str]:
 
 
 def read_advantages(
-    root: str | os.PathLike, tag: str, columns: Sequence[str] | None = None
+    root: str | os.PathLike,
+    tag: str,
+    columns: Sequence[str] | None = None,
+    optional: Sequence[str] = (),
 ) -> tuple[pa.Table, dict]:
     """An advantages sidecar (schema metadata kept) and its tag's record ({} when unrecorded).
     ``columns``: read and check only these (Step 4 needs three, so RLinf's narrower relabel /
-    STEAM files serve it); default every column of ``ADVANTAGES_SCHEMA``."""
+    STEAM files serve it); default every column of ``ADVANTAGES_SCHEMA``. ``optional``: of
+    those, the ones that may be absent (checked when present, left out otherwise)."""
     path = sidecar_path(root, ADVANTAGES, tag)
     if not path.is_file():
         found = ", ".join(repr(t) for t in sidecar_tags(root, ADVANTAGES)) or "none"
@@ -396,7 +406,7 @@ def read_advantages(
     schema = C.ADVANTAGES_SCHEMA
     if columns is not None:
         schema = pa.schema([schema.field(name) for name in columns])
-    table = read_parquet(path, schema)
+    table = read_parquet(path, schema, optional)
     metadata = pq.read_schema(path).metadata or {}
     if SOURCE_KEY in metadata:  # sidecars from before the record (and RLinf's) have none
         check_source(path, root, json.loads(metadata[SOURCE_KEY]), "Step 3 (recap-advantages)")

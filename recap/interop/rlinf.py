@@ -278,3 +278,82 @@ def check_value_state(recap: dict, model_state: dict, rlinf_names: bool = True) 
             f"{list(recap[k].shape)}, the model expects "
             f"{list(model_state[k].shape)}; check the vision/text configs"
         )
+
+
+# ---- CFG policy: RLinf's FSDP full state dict <-> openpi's model.safetensors ------------------
+# RLinf's full_weights.pt holds exactly openpi's ``PI0Pytorch.state_dict()``: every key of the
+# openpi file (recap.models.checkpoints.file_state) plus the text embedding, which is tied to
+# ``paligemma.lm_head`` and which ``save_model`` leaves out of the file.
+
+
+def split_policy_state(state: dict, target: dict) -> tuple[dict, list[str]]:
+    """``(file, dropped)``: RLinf's policy state dict (a ``model.`` prefix on every key
+    stripped) as openpi's file keyed exactly as ``target`` (``file_state`` of the model, names
+    and shapes), and the source keys dropped (the tied embedding, equal to ``lm_head``). An
+    unmapped source key, an unfilled or misshapen target key, or an embedding that is not
+    ``lm_head`` is one RecapError line naming the first key."""
+    import torch
+
+    from recap.errors import RecapError
+    from recap.models.checkpoints import EMBED_KEY, LEROBOT_PREFIX, LM_HEAD_KEY
+
+    what = "RLinf policy state dict"
+    if state and all(k.startswith(LEROBOT_PREFIX) for k in state):
+        state = {k[len(LEROBOT_PREFIX) :]: v for k, v in state.items()}
+    file, dropped = {}, []
+    for key, value in state.items():
+        if key in target:
+            file[key] = value
+        elif key == EMBED_KEY:
+            dropped.append(key)
+        else:
+            unmapped = [k for k in state if k not in target and k != EMBED_KEY]
+            raise RecapError(f"{what}: {len(unmapped)} keys unmapped, first {key!r} (not a key "
+                             "of openpi's PI0Pytorch at this config); is this RLinf's CFG "
+                             "π0.5 full_weights.pt, and are the sizes (--base) right?")  # fmt: skip
+    if EMBED_KEY in state and LM_HEAD_KEY in state:
+        embed, head = state[EMBED_KEY], state[LM_HEAD_KEY]
+        if embed is not head and (embed.shape != head.shape or not torch.equal(embed, head)):
+            raise RecapError(f"{what}: {EMBED_KEY} differs from {LM_HEAD_KEY}, which openpi "
+                             "ties to it; the checkpoint is not a π0.5 policy's")  # fmt: skip
+    if LM_HEAD_KEY not in file and EMBED_KEY in state:  # the tied tensor under its other name
+        file[LM_HEAD_KEY] = state[EMBED_KEY]
+        dropped.remove(EMBED_KEY)
+    missing = [k for k in target if k not in file]
+    if missing:
+        raise RecapError(f"{what}: {len(missing)} keys of openpi's layout unfilled, first "
+                         f"{missing[0]!r}; is this RLinf's CFG π0.5 full_weights.pt, and are "
+                         "the sizes (--base) right?")  # fmt: skip
+    for key, want in target.items():
+        if tuple(file[key].shape) != tuple(want.shape):
+            raise RecapError(f"{what}: {key} has shape {list(file[key].shape)}, the config "
+                             f"expects {list(want.shape)}; pass the π0.5 checkpoint RLinf "
+                             "fine-tuned from as --base")  # fmt: skip
+    return {k: file[k] for k in target}, dropped
+
+
+def join_policy_state(file: dict) -> dict:
+    """RLinf's full state dict (``PI0Pytorch.state_dict()``) from openpi's file (the embedding
+    is ``lm_head``) or from recap's training export (``Pi05Policy`` keys: the embedding under
+    its own name, no heads): both tied names hold the same tensor, and a missing expert
+    ``lm_head`` (never read) is zeros [vocab, expert width], as ``save_pi05`` writes it."""
+    import torch
+
+    from recap.errors import RecapError
+    from recap.models.checkpoints import EMBED_KEY, EXPERT_LM_HEAD_KEY, LM_HEAD_KEY
+
+    embed = file.get(EMBED_KEY, file.get(LM_HEAD_KEY))
+    if embed is None or "action_in_proj.weight" not in file:
+        raise RecapError(f"π0.5 weights: neither {LM_HEAD_KEY} nor {EMBED_KEY}, or no "
+                         "action_in_proj.weight; expected openpi's model.safetensors or recap's "
+                         "exported policy")  # fmt: skip
+    head = file.get(LM_HEAD_KEY, embed)
+    if head is not embed and (head.shape != embed.shape or not torch.equal(head, embed)):
+        raise RecapError(f"π0.5 weights: {LM_HEAD_KEY} differs from {EMBED_KEY}; RLinf's "
+                         "π0.5 ties them, export one of them")  # fmt: skip
+    out = dict(file)
+    out[LM_HEAD_KEY] = out[EMBED_KEY] = embed
+    if EXPERT_LM_HEAD_KEY not in out:
+        width = file["action_in_proj.weight"].shape[0]
+        out[EXPERT_LM_HEAD_KEY] = embed.new_zeros(embed.shape[0], width)
+    return out

@@ -1,7 +1,9 @@
 """Relabel: new boolean labels for existing advantages, under a new tag, without any model.
 
 A new positive quantile, scope or forcing option is applied to the ``advantage_continuous`` column
-of ``meta/advantages_{source_tag}.parquet`` of every listed dataset; the result is written as
+of ``meta/advantages_{source_tag}.parquet`` of every listed dataset (the only column it needs
+besides the frame keys: RLinf's narrower files relabel too, the columns they lack written as
+nulls); the result is written as
 ``meta/advantages_{new_tag}.parquet`` plus the ``new_tag`` entry of ``meta/mixture_config.yaml``
 (other tags kept). Everything is read and computed before anything is written, in one atomic
 batch; nothing else in the dataset directories changes. The threshold spans the datasets listed
@@ -43,6 +45,12 @@ from recap.data.sidecars import (
 from recap.data.specs import DatasetSpec, parse_dataset_specs
 from recap.errors import DatasetError, RecapError, located
 
+# Relabeling needs episode_index, frame_index and advantage_continuous; the other columns are
+# carried over when the source has them (RLinf's relabel / STEAM files have 8 of the 11) and
+# written as nulls when not.
+NEEDED = (C.EPISODE_INDEX, C.FRAME_INDEX, C.ADVANTAGE_CONTINUOUS)
+CARRIED = tuple(n for n in C.ADVANTAGES_SCHEMA.names if n not in NEEDED)
+
 
 def load_source(
     spec: DatasetSpec, tag: str, correction: str | None, with_corrections: bool, with_tasks: bool
@@ -53,11 +61,19 @@ def load_source(
     ``with_corrections``; the dataset's ``correction`` column, False where it has none), read
     from the dataset's frames and matched on (episode_index, frame_index).
     """
-    table, record = read_advantages(spec.root, tag)
+    table, record = read_advantages(spec.root, tag, None, CARRIED)
     path = sidecar_path(spec.root, ADVANTAGES, tag)
     names = pa.array(np.zeros(table.num_rows, dtype=np.int32))
     names = pa.DictionaryArray.from_arrays(names, pa.array([spec.name])).cast(pa.string())
-    table = table.set_column(table.schema.get_field_index(C.DATASET_NAME), C.DATASET_NAME, names)
+    columns = {C.DATASET_NAME: names}
+    for field in C.ADVANTAGES_SCHEMA:  # what the source lacks (RLinf's narrow files) is null
+        if field.name not in columns:
+            columns[field.name] = (table.column(field.name) if field.name in table.column_names
+                                   else pa.nulls(table.num_rows, field.type))  # fmt: skip
+    table = pa.table(
+        [columns[n] for n in C.ADVANTAGES_SCHEMA.names], names=C.ADVANTAGES_SCHEMA.names,
+        metadata=table.schema.metadata,
+    )  # fmt: skip
     try:
         finite_column(table, C.ADVANTAGE_CONTINUOUS, frame_layout(table, spec.name, sort=False))
     except RecapError as exc:

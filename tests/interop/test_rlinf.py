@@ -394,3 +394,176 @@ def test_step4_reads_rlinfs_narrow_advantages_files(tmp_path):
     with pytest.raises(DatasetError) as err:
         dataset_labels(root, "rl", ep, fr)
     assert err.value.message == f"{path}: column 'advantage' missing; rewrite the sidecar"
+
+
+def test_relabel_reads_rlinfs_narrow_advantages_files(tmp_path, capsys):
+    """Relabel needs only advantage_continuous (and the frame keys): RLinf's 8-column file
+    relabels; the columns it carries over are kept, the three it lacks are written as nulls,
+    and the labels equal those of the same values in a full 11-column file."""
+    import yaml
+
+    from recap.data.sidecars import read_advantages
+    from recap.steps.relabel import relabel
+
+    root = copy_fixture("rlinf_like_v21_video", tmp_path)
+    with LocalDataset(root) as ds:
+        frames = ds.read_columns([C.EPISODE_INDEX, C.FRAME_INDEX])
+    ep, fr = (frames.column(k).to_numpy() for k in (C.EPISODE_INDEX, C.FRAME_INDEX))
+    n = len(ep)
+    adv = np.linspace(-1.0, 1.0, n)[np.random.default_rng(1).permutation(n)]
+    narrow = pa.table({
+        C.EPISODE_INDEX: ep, C.FRAME_INDEX: fr, C.ADVANTAGE_CONTINUOUS: adv,
+        C.REWARD_SUM: adv / 2, C.VALUE_CURRENT: -adv, C.VALUE_NEXT: adv - 0.5,
+        C.RETURN: np.full(n, -3.0), C.ADVANTAGE: adv > 0.5,
+    })  # fmt: skip
+    pq.write_table(narrow, root / "meta" / "advantages_rl.parquet")
+    spec = [{"name": "d", "root": str(root), "type": "rollout"}]
+    relabel(datasets=spec, source_tag="rl", new_tag="q40", positive_quantile=0.4)
+    out, record = read_advantages(root, "q40")
+    assert out.column_names == C.ADVANTAGES_SCHEMA.names and out.num_rows == 71
+    # the 0.6 quantile of 71 evenly spaced values in [-1, 1] is the 43rd: -1 + 2 * 42/70 = 0.2
+    assert record["unified_threshold"] == pytest.approx(0.2, abs=1e-12)
+    assert int(np.count_nonzero(out.column(C.ADVANTAGE).to_numpy())) == 29  # 42..70
+    np.testing.assert_array_equal(out.column(C.ADVANTAGE).to_numpy(), adv >= 0.2 - 1e-12)
+    for name in (C.ADVANTAGE_CONTINUOUS, C.REWARD_SUM, C.VALUE_CURRENT, C.VALUE_NEXT, C.RETURN):
+        np.testing.assert_array_equal(out.column(name).to_numpy(), narrow.column(name).to_numpy())
+    assert [out.column(k).null_count for k in (C.REWARD_SUM_RAW, C.NUM_VALID_REWARDS)] == [71, 71]
+    assert set(out.column(C.DATASET_NAME).to_pylist()) == {"d"}
+    config = yaml.safe_load((root / "meta" / "mixture_config.yaml").read_text())
+    assert type(config["tags"]["q40"]["unified_threshold"]) is float
+    # the same values in recap's full layout label the same frames
+    full = narrow.append_column(C.REWARD_SUM_RAW, pa.array(np.zeros(n)))
+    full = full.append_column(C.NUM_VALID_REWARDS, pa.array(np.ones(n, dtype=np.int64)))
+    full = full.append_column(C.DATASET_NAME, pa.array(["d"] * n)).select(C.ADVANTAGES_SCHEMA.names)
+    pq.write_table(full, root / "meta" / "advantages_full.parquet")
+    relabel(datasets=spec, source_tag="full", new_tag="full40", positive_quantile=0.4)
+    again, _ = read_advantages(root, "full40")
+    assert again.column(C.ADVANTAGE).equals(out.column(C.ADVANTAGE))
+    # relabeling the relabeled (partly null) file works too
+    relabel(datasets=spec, source_tag="q40", new_tag="q10", positive_quantile=0.1)
+    assert int(np.count_nonzero(read_advantages(root, "q10")[0].column(C.ADVANTAGE))) == 8
+    # without advantage_continuous: one line naming the file and the column
+    pq.write_table(
+        narrow.drop_columns([C.ADVANTAGE_CONTINUOUS]), root / "meta" / "advantages_x.parquet"
+    )
+    with pytest.raises(DatasetError) as err:
+        relabel(datasets=spec, source_tag="x", new_tag="x2")
+    assert err.value.message == (
+        f"{root / 'meta' / 'advantages_x.parquet'}: column 'advantage_continuous' missing; "
+        "rewrite the sidecar"
+    )
+
+
+# ---- RLinf's CFG π0.5 checkpoint (full_weights.pt) <-> openpi's layout ----------------------
+
+
+def rlinf_policy_state(policy) -> dict:
+    """RLinf's CFG policy full state dict as FORMATS.md documents it: exactly openpi's
+    ``PI0Pytorch.state_dict()`` (both lm_heads, the text embedding tied to paligemma's)."""
+    from recap.standins import openpi_module
+
+    return openpi_module(policy, seed=5).state_dict()
+
+
+def test_import_rlinf_policy_loads_and_samples_as_the_source(tmp_path, capsys):
+    import torch
+    from safetensors.torch import load_file
+
+    from recap.commands.import_rlinf import main
+    from recap.models import checkpoints as ckpt
+    from tests.models.test_checkpoints import openpi_keys, sample
+    from tests.models.test_pi05 import tiny_model
+
+    policy = tiny_model(seed=1)
+    base = tmp_path / "pi05_base"
+    ckpt.save_pi05(policy, base)
+    stats = ckpt.norm_stats_path(base, "physical-intelligence/libero")
+    stats.parent.mkdir(parents=True)
+    stats.write_text('{"norm_stats": {"state": {"q01": [0], "q99": [1]}, '
+                     '"actions": {"q01": [-1], "q99": [2]}}}')  # fmt: skip
+    state = rlinf_policy_state(policy)
+    assert len(state) == len(openpi_keys()) + 1 == 77  # the file's keys + the tied embedding
+    assert state[ckpt.EMBED_KEY].data_ptr() == state[ckpt.LM_HEAD_KEY].data_ptr()  # tied
+    torch.save(state, tmp_path / "full_weights.pt")
+    out = tmp_path / "imported"
+    argv = ["rlinf-policy", str(tmp_path / "full_weights.pt"), "--out", str(out)]
+    assert main([*argv, "--base", str(base)]) == 0
+    file = load_file(str(out / "model.safetensors"))
+    assert set(file) == openpi_keys()  # openpi's save_model layout: the embedding as lm_head
+    assert torch.equal(file[ckpt.EXPERT_LM_HEAD_KEY], state[ckpt.EXPERT_LM_HEAD_KEY])
+    assert (out / "assets/physical-intelligence/libero/norm_stats.json").read_text() == (
+        stats.read_text()
+    )
+    loaded = ckpt.load_pi05(out).eval()
+    with torch.no_grad():
+        assert torch.equal(sample(loaded), sample(policy))
+    assert sample(policy).abs().max().item() > 0.1
+    # and back: RLinf's full state dict, bit for bit, the tie restored
+    assert main(["export-rlinf-policy", str(out), "--out", str(tmp_path / "back.pt")]) == 0
+    back = torch.load(tmp_path / "back.pt", weights_only=True)
+    assert sorted(back) == sorted(state)
+    assert all(torch.equal(back[k], state[k]) and back[k].dtype == state[k].dtype for k in state)
+    assert back[ckpt.EMBED_KEY].data_ptr() == back[ckpt.LM_HEAD_KEY].data_ptr()
+    # recap's training export (Pi05Policy keys: the embedding under its own name, no heads)
+    # exports too: RLinf's full key set, the expert's unused head as zeros (as save_pi05)
+    from safetensors.torch import save_file
+
+    trained = tmp_path / "trained"
+    trained.mkdir()
+    save_file({k: v.contiguous() for k, v in policy.state_dict().items()},
+              str(trained / "model.safetensors"))  # fmt: skip
+    assert main(["export-rlinf-policy", str(trained), "--out", str(tmp_path / "t.pt")]) == 0
+    exported = torch.load(tmp_path / "t.pt", weights_only=True)
+    assert sorted(exported) == sorted(state)
+    assert torch.equal(exported[ckpt.LM_HEAD_KEY], state[ckpt.EMBED_KEY])
+    assert exported[ckpt.EXPERT_LM_HEAD_KEY].abs().sum().item() == 0.0
+    assert exported[ckpt.EXPERT_LM_HEAD_KEY].shape == state[ckpt.EXPERT_LM_HEAD_KEY].shape
+    # strict: an unknown key, an unfilled key, an untied embedding: one line, nothing written
+    capsys.readouterr()
+    for edit, message in (
+        (lambda s: s.update({"value_head.value_proj.weight": torch.zeros(1)}),
+         "1 keys unmapped, first 'value_head.value_proj.weight' (not a key of openpi's "
+         "PI0Pytorch at this config); is this RLinf's CFG π0.5 full_weights.pt, and are the "
+         "sizes (--base) right?"),
+        (lambda s: s.pop("time_mlp_out.bias"),
+         "1 keys of openpi's layout unfilled, first 'time_mlp_out.bias'; is this RLinf's CFG "
+         "π0.5 full_weights.pt, and are the sizes (--base) right?"),
+        (lambda s: s.update({ckpt.EMBED_KEY: s[ckpt.EMBED_KEY] + 1}),
+         f"{ckpt.EMBED_KEY} differs from {ckpt.LM_HEAD_KEY}, which openpi ties to it; the "
+         "checkpoint is not a π0.5 policy's"),
+    ):  # fmt: skip
+        bad = dict(state)
+        edit(bad)
+        torch.save(bad, tmp_path / "bad.pt")
+        bad_out = tmp_path / "bad_out"
+        assert main(["rlinf-policy", str(tmp_path / "bad.pt"), "--out", str(bad_out),
+                     "--base", str(base)]) == 2  # fmt: skip
+        assert capsys.readouterr().err == (
+            f"recap-import: {tmp_path / 'bad.pt'}: RLinf policy state dict: {message}\n"
+        )
+        assert not bad_out.exists()
+    # without --base the sizes are pi05_libero's real ones: the tiny file does not fit
+    assert main([*argv[:3], str(tmp_path / "real")]) == 2
+    assert "RLinf policy state dict: " in capsys.readouterr().err
+    assert not (tmp_path / "real").exists()
+
+
+def test_rlinf_policy_layout_at_the_real_sizes_is_openpis_file():
+    """At the real sizes (meta tensors) RLinf's 813 state-dict entries map onto the 812 keys
+    and shapes of openpi's model.safetensors (tests/fixtures/formats/openpi_pi05_keys.json)."""
+    import torch
+
+    from recap.interop.rlinf import split_policy_state
+    from recap.models import checkpoints as ckpt
+    from recap.models.pi05 import Pi05Config, build_pi05
+    from tests.helpers import REPO
+
+    real = json.loads((REPO / "tests/fixtures/formats/openpi_pi05_keys.json").read_text())
+    state = {k: torch.empty(shape, device="meta") for k, (shape, _) in real["state"].items()}
+    state[ckpt.EMBED_KEY] = state[ckpt.LM_HEAD_KEY]  # tied (real["ties"])
+    with torch.device("meta"):
+        target = ckpt.file_state(build_pi05(Pi05Config(**ckpt.variant_fields("pi05_base"))),
+                                 ckpt.OPENPI)  # fmt: skip
+    file, dropped = split_policy_state(state, target)
+    assert (len(state), len(file), dropped) == (813, 812, [ckpt.EMBED_KEY])
+    assert set(file) == set(real["state"]) - {ckpt.EMBED_KEY}
