@@ -1,0 +1,159 @@
+"""Serve an exported π0.5 policy to robots over openpi's websocket protocol, with guidance.
+
+    recap-serve --policy runs/libero_policy --tokenizer /models/paligemma_tokenizer.model
+    recap-serve --policy runs/demo_policy --gin_file demo/policy.gin --beta 2
+    RECAP_SERVE_API_KEY=... recap-serve --policy DIR --host 0.0.0.0     # any non-loopback address
+
+Robot code connects with ``openpi_client.websocket_client_policy.WebsocketClientPolicy(host,
+port, api_key=KEY)`` and calls ``infer(obs)``. Binds 127.0.0.1 by default; any other address
+needs an API key (``RECAP_SERVE_API_KEY``, or ``--api-key``, which ``ps`` shows) unless
+``--insecure``. SIGTERM / Ctrl-C: the requests in flight are answered, then the server exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ipaddress
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+
+from recap.errors import RecapError, one_line
+
+API_KEY_ENV = "RECAP_SERVE_API_KEY"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="recap-serve", description=__doc__.splitlines()[0], allow_abbrev=False
+    )
+    add = parser.add_argument
+    add("--policy", required=True, help="exported policy directory (recap run, openpi, LeRobot)")
+    add("--beta", type=float, default=1.5, help="guidance strength (per request: obs['beta'])")
+    add("--host", default="127.0.0.1", help="address to bind (default loopback only)")
+    add("--port", type=int, default=8000)
+    add("--api-key", default=None, help=f"required client key (prefer the {API_KEY_ENV} env var)")
+    add("--insecure", action="store_true", help="allow a non-loopback bind without an API key")
+    add("--tokenizer", default=None, help="tokenizer file/dir (default: the run's or DIR's own)")
+    add("--gin_file", action="append", default=[], help="the run's gin files (recap run dirs)")
+    add("--gin_param", action="append", default=[], help="gin binding (repeatable)")
+    add("--asset-id", default=None, help="assets/<asset_id>/norm_stats.json to use")
+    add("--prompt-style", choices=("openpi", "lerobot"), default=None)
+    add("--state-in-prompt", action=argparse.BooleanOptionalAction, default=None)
+    add("--conditioning", choices=("paper", "positive_only_conditional", "none"), default=None)
+    add("--guidance", choices=("positive", "negative", "no_guide"), default="positive")
+    add("--num-steps", type=int, default=None, help="flow-matching steps (default: the model's)")
+    add("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
+    add("--seed", type=int, default=0, help="seed of the noise of requests without noise_seed")
+    add("--image-keys", default="observation/image,observation/wrist_image",
+        help="camera keys in slot order (base first), comma-separated")  # fmt: skip
+    add("--state-key", default="observation/state")
+    add("--prompt-key", default="prompt")
+    add("--max-frame-mib", type=float, default=32.0, help="largest request frame (MiB)")
+    add("--max-connections", type=int, default=16)
+    add("--max-prompt-chars", type=int, default=512)
+    add("--max-tokens", type=int, default=200, help="longest built prompt in tokens")
+    add("--max-batch", type=int, default=8, help="requests per forward (1: no batching)")
+    add("--batch-wait-ms", type=float, default=5.0, help="how long a batch waits to fill")
+    add("--log-level", default="INFO")
+    return parser
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to any interface
+
+
+def check_args(args: argparse.Namespace) -> str | None:
+    """The API key to require (None: none); ``RecapError`` for an unsafe or bad setting."""
+    key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV)
+    if key is not None and not key.strip():
+        raise RecapError(f"--api-key / {API_KEY_ENV}: empty; set a key or leave both unset")
+    if not is_loopback(args.host) and key is None and not args.insecure:
+        raise RecapError(
+            f"--host {args.host} is not a loopback address: set an API key ({API_KEY_ENV} or "
+            "--api-key) or pass --insecure to serve without one"
+        )
+    limits = {
+        "--port": (args.port, 0),
+        "--max-connections": (args.max_connections, 1),
+        "--max-prompt-chars": (args.max_prompt_chars, 1),
+        "--max-tokens": (args.max_tokens, 2),
+        "--max-batch": (args.max_batch, 1),
+    }
+    for flag, (value, low) in limits.items():
+        if value < low:
+            raise RecapError(f"{flag}: {value} must be >= {low}")
+    if not 0 < args.max_frame_mib <= 1024:
+        raise RecapError(f"--max-frame-mib: {args.max_frame_mib:g} must be in (0, 1024]")
+    if args.batch_wait_ms < 0:
+        raise RecapError(f"--batch-wait-ms: {args.batch_wait_ms:g} must be >= 0")
+    return key
+
+
+async def _serve(server) -> None:
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, server.shutdown)
+    await server.run()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    logging.getLogger("websockets").setLevel(logging.WARNING)
+    try:
+        key = check_args(args)
+        from recap.serve.load import describe, load_served
+        from recap.serve.policy import ServeSpec
+        from recap.serve.server import MIB, PolicyServer, ServerConfig
+
+        spec = ServeSpec(
+            image_keys=tuple(k.strip() for k in args.image_keys.split(",") if k.strip()),
+            state_key=args.state_key,
+            prompt_key=args.prompt_key,
+            max_prompt_chars=args.max_prompt_chars,
+            max_tokens=args.max_tokens,
+        )
+        policy = load_served(
+            args.policy, tokenizer=args.tokenizer, gin_files=tuple(args.gin_file),
+            gin_params=tuple(args.gin_param), asset_id=args.asset_id,
+            prompt_style=args.prompt_style, state_in_prompt=args.state_in_prompt,
+            conditioning=args.conditioning, dtype=args.dtype, beta=args.beta,
+            guidance=args.guidance, num_steps=args.num_steps, spec=spec, seed=args.seed,
+        )  # fmt: skip
+        config = ServerConfig(
+            host=args.host, port=args.port, api_key=key,
+            max_frame_bytes=int(args.max_frame_mib * MIB), max_connections=args.max_connections,
+            max_batch=args.max_batch, batch_wait_ms=args.batch_wait_ms,
+        )  # fmt: skip
+        logging.getLogger("recap.serve").info("%s", describe(policy))
+        if key is None and not is_loopback(args.host):
+            logging.getLogger("recap.serve").warning(
+                "--insecure: anyone who reaches %s:%d can move the robot", args.host, args.port
+            )
+        server = PolicyServer(policy, config)
+        asyncio.run(_serve(server))
+    except RecapError as exc:
+        print(f"error: {one_line(exc)}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # e.g. the port is taken
+        print(
+            f"error: --host {args.host} --port {args.port}: {exc.strerror or exc}", file=sys.stderr
+        )
+        return 2
+    logging.getLogger("recap.serve").info("stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,396 @@
+"""A π0.5 policy behind openpi's observation/reply conventions, with guidance.
+
+``ServedPolicy.prepare(obs)`` checks one decoded observation against what the policy expects and
+turns it into model inputs (CPU work, per request); ``ServedPolicy.infer_batch(requests)`` runs
+the requests that arrived together, one ``sample_actions`` call per distinct beta, and returns
+each request's actions unnormalized to the robot's action space; ``ServedPolicy.infer(obs)`` is
+both for one observation (what the server computes for that request, called in-process).
+
+Observation (openpi's keys; ``ServeSpec`` names them): each camera key (default
+``observation/image`` base, ``observation/wrist_image`` wrist) uint8 [H, W, 3] (or [3, H, W]),
+resized with padding to the model's size; ``observation/state`` float[D] with D the state
+statistics' size, finite (required when the policy puts the state into its prompt, else checked
+when present); ``prompt`` a string of at most ``max_prompt_chars`` characters and
+``max_tokens`` tokens once the prompt is built. Optional per request: ``beta`` (a finite number
+>= 0, the guidance strength; the server's when absent) and ``noise_seed`` (an integer: the
+request's noise is ``torch.randn(H, A)`` of a generator seeded with it, so a reply can be
+reproduced; absent, noise comes from the server's seeded generator). A field may also be nested
+(``{"observation": {"image": ...}}``). Anything else is a ``RequestError`` whose message starts
+with the field's name.
+
+Prompts are the training run's (``conditioning.pi05_prompt`` in ``prompt_style``, the state's
+256 bins in the text with ``state_in_prompt``): the guided branch carries ``Advantage:
+positive`` (``guidance="negative"``: ``Advantage: negative``), the other is the plain task, and
+v = v_plain + beta (v_guided - v_plain); beta = 1 computes only the guided branch. A
+behaviour-cloning policy (``conditioning="none"`` or ``"filtered"``) has one prompt and is served
+at beta 1.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from recap.data.conditioning import (
+    OPENPI,
+    QuantileStats,
+    advantage_prompt,
+    check_style,
+    normalize_quantile,
+    pi05_prompt,
+    unnormalize_quantile,
+)
+from recap.data.datasets import NUM_SLOTS
+from recap.data.policy_data import CONDITIONING as CONDITIONINGS
+from recap.data.policy_data import PLAIN
+from recap.data.transforms import resize_frames
+from recap.errors import RecapError
+from recap.models.pi05 import GUIDANCE, Pi05Policy
+from recap.serve.wire import find_bad
+
+log = logging.getLogger(__name__)
+
+MAX_IMAGE_SIDE = 4096
+MAX_SEED = 2**63 - 1
+MAX_FIELD_NAME = 80
+
+
+class RequestError(ValueError):
+    """A request the server refuses; ``str()`` is one line starting with the field's name."""
+
+    def __init__(self, field_name: str, message: str):
+        if len(field_name) > MAX_FIELD_NAME:  # a client-chosen key is echoed back: bound it
+            field_name = field_name[: MAX_FIELD_NAME - 3] + "..."
+        self.field = field_name
+        super().__init__(f"{field_name}: {message}")
+
+
+@dataclass
+class ServeSpec:
+    """The observation keys and limits of a served policy."""
+
+    image_keys: tuple[str, ...] = ("observation/image", "observation/wrist_image")
+    state_key: str = "observation/state"
+    prompt_key: str = "prompt"
+    beta_key: str = "beta"
+    seed_key: str = "noise_seed"
+    max_prompt_chars: int = 512
+    max_tokens: int = 200
+
+
+@dataclass
+class Prepared:
+    """One validated request: model inputs of one example."""
+
+    frames: torch.Tensor  # uint8[NUM_SLOTS, S, S, 3]
+    image_mask: torch.Tensor  # bool[NUM_SLOTS]
+    prompts: dict[str, list[int]]  # "guided" / "plain" / "negative" -> token ids (BOS first)
+    beta: float
+    noise: torch.Tensor | None  # float32[H, A] when the request carried noise_seed
+    received: float = field(default_factory=time.monotonic)
+
+
+def _lookup(obs: dict, key: str) -> object:
+    """``obs[key]``, else the nested path ``obs[a][b]`` of ``key = "a/b"``; None when absent."""
+    if key in obs:
+        return obs[key]
+    node: object = obs
+    for part in key.split("/"):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _describe(value: object) -> str:
+    if isinstance(value, np.ndarray):
+        return f"{value.dtype} {list(value.shape)}"
+    return type(value).__name__
+
+
+class ServedPolicy:
+    """A loaded π0.5 policy, its statistics and prompt settings (``load_served`` builds one)."""
+
+    def __init__(
+        self,
+        model: Pi05Policy,
+        tokenizer,
+        stats: dict[str, QuantileStats],
+        *,
+        beta: float = 1.5,
+        guidance: str = "positive",
+        conditioning: str = "paper",
+        prompt_style: str = OPENPI,
+        state_in_prompt: bool = True,
+        num_steps: int | None = None,
+        spec: ServeSpec | None = None,
+        device: torch.device | str = "cpu",
+        seed: int = 0,
+        info: dict | None = None,
+    ):
+        if guidance not in GUIDANCE:
+            raise RecapError(f"--guidance: {guidance!r} is not one of {list(GUIDANCE)}")
+        if conditioning not in CONDITIONINGS:
+            raise RecapError(
+                f"--conditioning: {conditioning!r} is not one of {list(CONDITIONINGS)}"
+            )
+        if guidance == "negative" and conditioning == "positive_only_conditional":
+            raise RecapError(
+                "--guidance negative is refused for a policy trained with "
+                "positive_only_conditional (it never saw the negative prompt)"
+            )
+        self.spec = spec or ServeSpec()
+        if len(self.spec.image_keys) > NUM_SLOTS or not self.spec.image_keys:
+            raise RecapError(
+                f"--image-keys: {len(self.spec.image_keys)} cameras; the policy has "
+                f"1 to {NUM_SLOTS} camera slots"
+            )
+        self.device = torch.device(device)
+        self.model = model.to(self.device).eval()
+        self.tokenizer, self.stats = tokenizer, stats
+        self.guidance, self.conditioning = guidance, conditioning
+        self.prompt_style, self.state_in_prompt = check_style(prompt_style), state_in_prompt
+        self.num_steps = num_steps
+        try:
+            self.beta = self.check_beta(beta, "--beta")
+        except RequestError as exc:
+            raise RecapError(str(exc)) from None
+        if num_steps is not None and num_steps < 1:
+            raise RecapError(f"--num-steps: {num_steps} must be >= 1")
+        self._tokenizer_lock = threading.Lock()  # requests are prepared on several threads
+        config = model.config
+        self.image_size = int(config.vision.get("image_size", 224))
+        self.horizon, self.model_action_dim = config.action_horizon, config.action_dim
+        self.action_dim, self.state_dim = len(stats["action"]), len(stats["state"])
+        if self.action_dim > self.model_action_dim:
+            raise RecapError(
+                f"norm stats: {self.action_dim} action dims exceed the model's "
+                f"{self.model_action_dim}; use the policy's own statistics"
+            )
+        vocab = int(config.text["vocab_size"])
+        if len(tokenizer) > vocab:
+            raise RecapError(
+                f"--tokenizer: vocabulary {len(tokenizer):,} exceeds the model's "
+                f"{vocab:,}; use the policy's own tokenizer"
+            )
+        if tokenizer.bos_token_id is None:
+            raise RecapError("--tokenizer: no BOS token; use the policy's own tokenizer")
+        self.generator = torch.Generator().manual_seed(int(seed))
+        self.info = dict(info or {})
+
+    # ---- validation -------------------------------------------------------------------
+
+    def check_beta(self, beta: object, name: str = "beta") -> float:
+        if isinstance(beta, np.generic):
+            beta = beta.item()
+        if isinstance(beta, bool) or not isinstance(beta, int | float):
+            raise RequestError(name, f"expected a number, got {_describe(beta)}")
+        if not math.isfinite(beta) or beta < 0:
+            raise RequestError(name, f"{beta!r} must be finite and >= 0")
+        if self.conditioning in PLAIN:
+            return 1.0  # one prompt: guidance has nothing to contrast
+        return float(beta)
+
+    def _image(self, obs: dict, key: str) -> torch.Tensor:
+        value = _lookup(obs, key)
+        if value is None:
+            raise RequestError(key, "missing (a uint8 [H, W, 3] camera image)")
+        if not isinstance(value, np.ndarray) or value.dtype != np.uint8 or value.ndim != 3:
+            raise RequestError(key, f"expected uint8 [H, W, 3], got {_describe(value)}")
+        if value.shape[-1] != 3 and value.shape[0] == 3:
+            value = value.transpose(1, 2, 0)  # openpi also accepts channels first
+        h, w, c = value.shape
+        if c != 3 or not (1 <= h <= MAX_IMAGE_SIDE and 1 <= w <= MAX_IMAGE_SIDE):
+            raise RequestError(
+                key,
+                f"expected uint8 [H, W, 3] with 1 <= H, W <= "
+                f"{MAX_IMAGE_SIDE}, got {_describe(value)}",
+            )
+        frames = torch.from_numpy(np.ascontiguousarray(value)[None].copy())
+        return resize_frames(frames, self.image_size)[0]
+
+    def _state(self, obs: dict) -> np.ndarray | None:
+        key = self.spec.state_key
+        value = _lookup(obs, key)
+        if value is None:
+            if self.state_in_prompt:
+                raise RequestError(key, f"missing (float[{self.state_dim}] robot state)")
+            return None
+        if (
+            not isinstance(value, np.ndarray)
+            or value.dtype.kind not in "fiu"
+            or value.shape != (self.state_dim,)
+        ):
+            raise RequestError(key, f"expected float[{self.state_dim}], got {_describe(value)}")
+        state = value.astype(np.float64)
+        if not np.isfinite(state).all():
+            bad = int(np.flatnonzero(~np.isfinite(state))[0])
+            raise RequestError(key, f"non-finite value {state[bad]} at index {bad}")
+        return state
+
+    def _prompt(self, obs: dict) -> str:
+        key = self.spec.prompt_key
+        value = _lookup(obs, key)
+        if value is None:
+            raise RequestError(key, "missing (the task text)")
+        if not isinstance(value, str):
+            raise RequestError(key, f"expected a string, got {_describe(value)}")
+        if not value.strip():
+            raise RequestError(key, "empty")
+        if len(value) > self.spec.max_prompt_chars:
+            raise RequestError(
+                key,
+                f"{len(value)} characters exceed the limit of "
+                f"{self.spec.max_prompt_chars} (--max-prompt-chars)",
+            )
+        return value
+
+    def _tokens(self, segments: tuple[str, ...]) -> list[int]:
+        with self._tokenizer_lock:
+            ids = self.tokenizer(list(segments), add_special_tokens=False)["input_ids"]
+        tokens = [self.tokenizer.bos_token_id, *(t for part in ids for t in part)]
+        if len(tokens) > self.spec.max_tokens:
+            raise RequestError(
+                self.spec.prompt_key,
+                f"{len(tokens)} tokens once built exceed "
+                f"the limit of {self.spec.max_tokens} (--max-tokens)",
+            )
+        return tokens
+
+    def branches(self, beta: float) -> tuple[str, ...]:
+        """The prompts a request at ``beta`` needs (``guidance_prompts``' choice)."""
+        guided = "negative" if self.guidance == "negative" else "guided"
+        if self.conditioning in PLAIN:
+            return ("plain",)
+        if self.guidance == "no_guide" or beta == 0.0:
+            return ("plain",)
+        return (guided,) if beta == 1.0 else (guided, "plain")
+
+    def prepare(self, obs: dict) -> Prepared:
+        """Validate one decoded observation (``RequestError`` naming the field) and build its
+        model inputs."""
+        if not isinstance(obs, dict):
+            raise RequestError(
+                "frame", f"expected a map of observation fields, got {type(obs).__name__}"
+            )
+        bad = find_bad(obs)
+        if bad is not None:
+            raise RequestError(bad[0] or "frame", bad[1].reason)
+        frames = torch.zeros(NUM_SLOTS, self.image_size, self.image_size, 3, dtype=torch.uint8)
+        mask = torch.zeros(NUM_SLOTS, dtype=torch.bool)
+        for slot, key in enumerate(self.spec.image_keys):
+            frames[slot], mask[slot] = self._image(obs, key), True
+        state = self._state(obs)
+        task = self._prompt(obs)
+        beta = obs.get(self.spec.beta_key)
+        beta = self.beta if beta is None else self.check_beta(beta, self.spec.beta_key)
+        seed = obs.get(self.spec.seed_key)
+        noise = None
+        if seed is not None:
+            if isinstance(seed, np.generic):
+                seed = seed.item()
+            if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+                raise RequestError(
+                    self.spec.seed_key, f"expected an integer in [0, 2**63), got {_describe(seed)}"
+                )
+            noise = self.noise(seed)
+        normalized = None
+        if state is not None and self.state_in_prompt:
+            normalized = normalize_quantile(state, self.stats["state"])
+        labels = {"guided": True, "negative": False, "plain": None}
+        prompts = {
+            name: self._tokens(
+                pi05_prompt(advantage_prompt(task, labels[name]), normalized, self.prompt_style)
+            )
+            for name in self.branches(beta)
+        }
+        return Prepared(frames, mask, prompts, beta, noise)
+
+    def noise(self, seed: int) -> torch.Tensor:
+        """float32[H, A]: the noise of a request carrying ``noise_seed = seed``."""
+        generator = torch.Generator().manual_seed(int(seed))
+        return torch.randn((self.horizon, self.model_action_dim), generator=generator)
+
+    # ---- inference --------------------------------------------------------------------
+
+    @staticmethod
+    def _pad(rows: Sequence[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        length = max(len(r) for r in rows)
+        ids = torch.zeros(len(rows), length, dtype=torch.long)
+        mask = torch.zeros(len(rows), length, dtype=torch.bool)
+        for i, row in enumerate(rows):
+            ids[i, : len(row)], mask[i, : len(row)] = torch.tensor(row, dtype=torch.long), True
+        return ids, mask
+
+    def model_batch(self, group: Sequence[Prepared]) -> dict[str, torch.Tensor]:
+        """The ``sample_actions`` batch of requests sharing one beta."""
+        batch = {
+            "frames": torch.stack([p.frames for p in group]),
+            "image_masks": torch.stack([p.image_mask for p in group]),
+        }
+        keys = {"guided": "input_ids", "negative": "neg_input_ids", "plain": "uncond_input_ids"}
+        for name in group[0].prompts:
+            ids, mask = self._pad([p.prompts[name] for p in group])
+            prefix = keys[name].removesuffix("input_ids")
+            batch[keys[name]], batch[f"{prefix}attention_mask"] = ids, mask
+        return {k: v.to(self.device) for k, v in batch.items()}
+
+    @torch.no_grad()
+    def infer_batch(self, requests: Sequence[Prepared]) -> list[np.ndarray]:
+        """float32[H, action dims] per request, in order; one forward per distinct beta."""
+        out: list[np.ndarray | None] = [None] * len(requests)
+        by_beta: dict[float, list[int]] = {}
+        for i, request in enumerate(requests):
+            by_beta.setdefault(request.beta, []).append(i)
+        for beta, index in by_beta.items():
+            group = [requests[i] for i in index]
+            noise = torch.stack(
+                [
+                    p.noise
+                    if p.noise is not None
+                    else torch.randn(
+                        (self.horizon, self.model_action_dim), generator=self.generator
+                    )
+                    for p in group
+                ]
+            )
+            batch = self.model_batch(group)
+            guidance = "no_guide" if self.conditioning in PLAIN else self.guidance
+            chunk = self.model.sample_actions(
+                batch, noise.to(self.device), beta, self.num_steps, guidance=guidance
+            )
+            actions = unnormalize_quantile(chunk.double().cpu().numpy(), self.stats["action"])
+            for j, i in enumerate(index):
+                out[i] = actions[j].astype(np.float32)
+        return out  # type: ignore[return-value]
+
+    def infer(self, obs: dict) -> dict[str, np.ndarray]:
+        """``{"actions": float32[H, action dims]}`` for one observation (in-process)."""
+        return {"actions": self.infer_batch([self.prepare(obs)])[0]}
+
+    def metadata(self) -> dict:
+        """What the server reports on connect and at ``/healthz``."""
+        return {
+            **self.info,
+            "beta": self.beta,
+            "guidance": self.guidance,
+            "conditioning": self.conditioning,
+            "prompt_style": self.prompt_style,
+            "state_in_prompt": self.state_in_prompt,
+            "device": str(self.device),
+            "action_horizon": self.horizon,
+            "action_dim": self.action_dim,
+            "state_dim": self.state_dim,
+            "image_keys": list(self.spec.image_keys),
+            "state_key": self.spec.state_key,
+            "prompt_key": self.spec.prompt_key,
+            "max_prompt_chars": self.spec.max_prompt_chars,
+            "max_tokens": self.spec.max_tokens,
+        }

@@ -1,0 +1,297 @@
+"""openpi's websocket policy protocol, served with request batching, limits and an API key.
+
+Protocol (what ``openpi_client.WebsocketClientPolicy`` speaks): on connect the server sends the
+policy's metadata (one msgpack map); then every binary frame is one msgpack-numpy observation and
+gets one reply: ``{"actions": float32[H, A], "server_timing": {"infer_ms", "prev_total_ms"},
+"policy_timing": {"infer_ms", "queue_ms", "batch_size"}}`` (``prev_total_ms``, from the second
+request of a connection on, is the previous request's receive-to-send time, as openpi's server
+reports it). A request the server refuses gets a text frame instead, one line naming the field
+(``observation/state: non-finite value nan at index 2``); openpi-client raises
+``RuntimeError("Error in inference server:\\n" + line)`` on a text frame, and the connection
+stays open for the next request. Unlike openpi's server, nothing is sent as a traceback: the
+detail goes to the server log only.
+
+Batching: requests that arrive together (within ``batch_wait_ms`` of the first, at most
+``max_batch``) run as one forward of the single model (one thread owns it); decoding and
+validation run in worker threads, each connection in its own task, so a slow or vanished client
+delays only itself (a reply to a closed connection is dropped).
+
+Security: an API key, when set, is required at the handshake (``Authorization: Api-Key KEY``,
+what openpi-client sends with ``api_key=KEY``), compared in constant time; a refusal is logged
+with the peer address and never the key. ``max_frame_bytes`` bounds a frame before it is read
+(a larger one closes that connection with code 1009, "message too big", whose reason names the
+limit; the server keeps serving); ``max_connections`` bounds open connections (HTTP 503 at the
+handshake beyond it). ``GET /healthz`` answers the metadata as JSON (with the key when one is
+set). ``shutdown()`` (SIGTERM / SIGINT under ``recap-serve``) stops accepting, lets requests in
+flight finish and be answered, then closes every connection with 1001 (going away).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import hmac
+import json
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from http import HTTPStatus
+
+import numpy as np
+from websockets.asyncio.server import ServerConnection, serve
+from websockets.exceptions import ConnectionClosed
+
+from recap.serve.policy import Prepared, RequestError, ServedPolicy
+from recap.serve.wire import WireError, pack, unpack
+
+log = logging.getLogger("recap.serve")
+MIB = 2**20
+HEALTH_PATH = "/healthz"
+
+
+@dataclass
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    max_frame_bytes: int = 32 * MIB
+    max_connections: int = 16
+    max_batch: int = 8
+    batch_wait_ms: float = 5.0
+    shutdown_timeout_s: float = 60.0
+
+
+@dataclass
+class _Job:
+    request: Prepared
+    future: asyncio.Future
+    queued: float
+
+
+class PolicyServer:
+    """Serves ``policy`` (a ``ServedPolicy``, or anything with ``prepare``, ``infer_batch`` and
+    ``metadata``) over openpi's protocol; ``run()`` until ``shutdown()``."""
+
+    def __init__(self, policy: ServedPolicy, config: ServerConfig | None = None):
+        self.policy, self.config = policy, config or ServerConfig()
+        self.metadata = policy.metadata() | {
+            "max_frame_bytes": self.config.max_frame_bytes,
+            "max_connections": self.config.max_connections,
+            "max_batch": self.config.max_batch,
+            "batch_wait_ms": self.config.batch_wait_ms,
+            "api_key_required": self.config.api_key is not None,
+        }
+        self._expected = (
+            None if self.config.api_key is None else f"Api-Key {self.config.api_key}".encode()
+        )
+        self._model_thread = ThreadPoolExecutor(1, thread_name_prefix="recap-serve-model")
+        self._connections: set[ServerConnection] = set()
+        self._in_flight = 0
+        self._stopping = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self.port: int | None = None  # the bound port (``config.port`` 0 picks a free one)
+        self.ready = threading.Event()
+        self.batches: list[int] = []  # size of every forward, for tests and the benchmark
+
+    # ---- handshake ------------------------------------------------------------------------
+
+    def _peer(self, connection: ServerConnection) -> str:
+        address = connection.remote_address
+        return f"{address[0]}:{address[1]}" if address else "?"
+
+    def _process_request(self, connection: ServerConnection, request):
+        peer = self._peer(connection)
+        if self._stopping:
+            return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, "server: shutting down\n")
+        if self._expected is not None:
+            given = request.headers.get("Authorization")
+            if given is None or not hmac.compare_digest(given.encode(), self._expected):
+                log.warning("refused %s: %s API key", peer, "missing" if given is None else "wrong")
+                return connection.respond(HTTPStatus.UNAUTHORIZED, "server: API key refused\n")
+        if request.path == HEALTH_PATH:
+            body = self.metadata | {"connections": len(self._connections)}
+            return connection.respond(HTTPStatus.OK, json.dumps(body) + "\n")
+        if len(self._connections) >= self.config.max_connections:
+            log.warning("refused %s: %d connections open", peer, len(self._connections))
+            return connection.respond(
+                HTTPStatus.SERVICE_UNAVAILABLE,
+                f"server: {self.config.max_connections} connections open (--max-connections)\n",
+            )
+        return None
+
+    # ---- connections ----------------------------------------------------------------------
+
+    async def _handler(self, connection: ServerConnection) -> None:
+        peer = self._peer(connection)
+        self._connections.add(connection)
+        log.info("connected %s (%d open)", peer, len(self._connections))
+        try:
+            await connection.send(pack(self.metadata))
+            prev_total_ms = None
+            while True:
+                frame = await connection.recv()
+                start = time.monotonic()
+                self._in_flight += 1
+                try:
+                    reply = await self._answer(frame, peer, prev_total_ms)
+                    await connection.send(reply)
+                finally:
+                    self._in_flight -= 1
+                prev_total_ms = (time.monotonic() - start) * 1000.0
+        except ConnectionClosed as exc:
+            code = exc.rcvd.code if exc.rcvd else exc.sent.code if exc.sent else None
+            reason = exc.sent.reason if exc.sent and exc.sent.reason else ""
+            log.info("closed %s (code %s%s)", peer, code, f": {reason}" if reason else "")
+        finally:
+            self._connections.discard(connection)
+
+    async def _answer(self, frame: bytes | str, peer: str, prev_total_ms: float | None):
+        """The reply frame: packed actions and timings, or one line of text for a refusal."""
+        if self._stopping:
+            return "server: shutting down"
+        if isinstance(frame, str):
+            return self._refuse(peer, "frame: expected a binary msgpack frame, got text")
+        try:
+            request = await asyncio.to_thread(self._prepare, frame)
+        except (WireError, RequestError) as exc:
+            return self._refuse(peer, str(exc))
+        except Exception:
+            log.exception("request from %s failed validation unexpectedly", peer)
+            return "server: the request could not be read (see the server log)"
+        job = _Job(request, asyncio.get_running_loop().create_future(), time.monotonic())
+        self._pending.append(job)
+        self._wakeup.set()
+        try:
+            actions, infer_ms, batch_size, started = await job.future
+        except Exception:
+            log.exception("inference failed for %s", peer)
+            return "server: inference failed (see the server log)"
+        server_timing = {"infer_ms": infer_ms}
+        if prev_total_ms is not None:
+            server_timing["prev_total_ms"] = prev_total_ms
+        policy_timing = {
+            "infer_ms": infer_ms,
+            "queue_ms": (started - job.queued) * 1000.0,
+            "batch_size": batch_size,
+        }
+        return pack(
+            {"actions": actions, "server_timing": server_timing, "policy_timing": policy_timing}
+        )
+
+    def _prepare(self, frame: bytes) -> Prepared:
+        return self.policy.prepare(unpack(frame))
+
+    @staticmethod
+    def _refuse(peer: str, line: str) -> str:
+        log.warning("refused request from %s: %s", peer, line)
+        return line
+
+    # ---- batching -------------------------------------------------------------------------
+
+    async def _batcher(self) -> None:
+        """Forever: wait for a job, give others ``batch_wait_ms`` to join (up to ``max_batch``),
+        run them as one forward on the model thread, resolve their futures."""
+        loop = asyncio.get_running_loop()
+        wait, limit = self.config.batch_wait_ms / 1000.0, self.config.max_batch
+        while True:
+            await self._wakeup.wait()
+            deadline = loop.time() + wait
+            while len(self._pending) < limit and (remaining := deadline - loop.time()) > 0:
+                self._wakeup.clear()
+                try:  # an Event (not a queue) is waited on: a timeout never loses a job
+                    await asyncio.wait_for(self._wakeup.wait(), remaining)
+                except asyncio.TimeoutError:
+                    break
+            jobs = [self._pending.popleft() for _ in range(min(limit, len(self._pending)))]
+            if not self._pending:
+                self._wakeup.clear()
+            jobs = [j for j in jobs if not j.future.done()]
+            if not jobs:
+                continue
+            started = time.monotonic()
+            try:
+                outputs = await loop.run_in_executor(
+                    self._model_thread, self.policy.infer_batch, [j.request for j in jobs]
+                )
+            except Exception as exc:
+                for job in jobs:
+                    if not job.future.done():
+                        job.future.set_exception(exc)
+                continue
+            infer_ms = (time.monotonic() - started) * 1000.0
+            self.batches.append(len(jobs))
+            for job, actions in zip(jobs, outputs):
+                if not job.future.done():
+                    job.future.set_result(
+                        (np.asarray(actions, np.float32), infer_ms, len(jobs), started)
+                    )
+
+    # ---- lifecycle ------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Serve until ``shutdown()``; returns after the in-flight requests were answered."""
+        self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+        self._pending: collections.deque[_Job] = collections.deque()
+        self._wakeup = asyncio.Event()
+        batcher = asyncio.create_task(self._batcher())
+        server = await serve(
+            self._handler,
+            self.config.host,
+            self.config.port,
+            compression=None,
+            max_size=self.config.max_frame_bytes,
+            process_request=self._process_request,
+        )
+        self.port = next(iter(server.sockets)).getsockname()[1]
+        log.info("listening on ws://%s:%d", self.config.host, self.port)
+        self.ready.set()
+        try:
+            await self._stop.wait()
+        finally:
+            self._stopping = True
+            server.close(close_connections=False)  # stop accepting; keep open connections
+            deadline = time.monotonic() + self.config.shutdown_timeout_s
+            while self._in_flight and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            log.info("shutting down (%d requests in flight left)", self._in_flight)
+            for connection in list(self._connections):
+                await connection.close(1001, "server shutting down")
+            await server.wait_closed()
+            batcher.cancel()
+            self._model_thread.shutdown(wait=True)
+
+    def shutdown(self) -> None:
+        """Stop (thread-safe): finish the requests in flight, then close."""
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+
+
+class BackgroundServer:
+    """``PolicyServer`` on an event loop in a daemon thread (tests, benchmarks)::
+
+    with BackgroundServer(policy, ServerConfig(port=0)) as server:
+        WebsocketClientPolicy("127.0.0.1", server.port).infer(obs)
+    """
+
+    def __init__(self, policy, config: ServerConfig | None = None):
+        self.server = PolicyServer(policy, config)
+        self._thread = threading.Thread(
+            target=lambda: asyncio.run(self.server.run()), name="recap-serve", daemon=True
+        )
+
+    @property
+    def port(self) -> int:
+        return int(self.server.port)
+
+    def __enter__(self) -> BackgroundServer:
+        self._thread.start()
+        if not self.server.ready.wait(30):
+            raise RuntimeError("recap-serve did not start within 30 s")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self._thread.join(30)
