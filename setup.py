@@ -25,6 +25,7 @@ setup(
             "recap-sweep = recap.commands.sweep:main",
             "recap-demo-data = recap.commands.make_demo_data:main",
             "recap-import = recap.commands.import_rlinf:main",
+            "recap-serve = recap.commands.serve:main",
         ]
     },
     python_requires=">=3.10",
@@ -44,6 +45,9 @@ setup(
         "tqdm>=4.60",
         "pyyaml>=6",
         "sentencepiece>=0.2",  # PaliGemma's tokenizer is a SentencePiece .model file
+        "websockets>=13",  # recap-serve: openpi's websocket policy protocol (asyncio server API)
+        "msgpack>=1.0",  # recap-serve: openpi's msgpack-numpy frames
+        "peft>=0.17",  # LoRA adapters (recap.models.adapters)
     ],
     extras_require={
         # torch-npu must match the installed torch (2.6 -> torch-npu 2.6.x); never install it
@@ -51,6 +55,14 @@ setup(
         "npu": ["torch-npu"],
         "lerobot": ["lerobot"],
         "viz": ["matplotlib>=3.7"],
-        "dev": ["pytest>=7", "hypothesis>=6", "ruff>=0.5", "matplotlib>=3.7"],
+        # openpi-client (tests/serve) declares numpy<2 but runs on numpy 2: the Makefile installs
+        # it with --no-deps; typing_extensions is the import it forgets to declare.
+        "dev": [
+            "pytest>=7",
+            "hypothesis>=6",
+            "ruff>=0.5",
+            "matplotlib>=3.7",
+            "typing_extensions>=4.0",
+        ],
     },
 )

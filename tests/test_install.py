@@ -37,6 +37,7 @@ CONSOLE_SCRIPTS = {
     "recap-sweep": "recap.commands.sweep:main",
     "recap-demo-data": "recap.commands.make_demo_data:main",
     "recap-import": "recap.commands.import_rlinf:main",
+    "recap-serve": "recap.commands.serve:main",
 }
 
 

@@ -15,5 +15,6 @@ doctor              recap-doctor          can this machine run recap
 plan_memory         recap-plan-memory     per-rank memory plan of a ZeRO-3 run
 sweep               recap-sweep           one training launch per grid point
 make_demo_data      recap-demo-data       the demo LeRobot datasets
+serve               recap-serve           a policy to robots (openpi websocket protocol)
 =================== ===================== ======================================================
 """
