@@ -81,6 +81,8 @@ def parse_gin(files: Sequence[str], params: Sequence[str]) -> None:
         ) from exc
     finally:
         logging.getLogger().removeFilter(quiet)
+    if "recap.models.adapters" in sys.modules:  # LoRA / frozen towers: one line at parse time
+        sys.modules["recap.models.adapters"].check_gin()
 
 
 def run_command(step: Callable[[], object], argv: Sequence[str] | None = None) -> int:

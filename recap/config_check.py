@@ -30,6 +30,7 @@ KNOWN_CONFIGURABLES = (
     "compute_returns",
     "deepspeed_config",
     "evaluate_policy",
+    "LoraOptions",
     "pi05_policy",
     "pipeline",
     "policy_data",

@@ -4,7 +4,11 @@
     recap-plan-memory --gin_file experiments/libero_pi05.gin --ranks 8 --device_gb 64
 
 Parameters are counted on the meta device; activations are measured on CPU (a few minutes)
-unless ``--activation_gb_per_sample`` is given. See ``recap.engine.memory``.
+unless ``--activation_gb_per_sample`` is given. After the configured plan comes the table of
+recipes (full, full + optimizer offload, LoRA, LoRA + frozen vision, param offload): per recipe
+the trainable parameters, the largest micro batch and the predicted GiB per rank, and for a
+configuration that misses, the cheapest recipe that fits with its gin bindings. See
+``recap.engine.memory``.
 """
 
 from __future__ import annotations
@@ -26,6 +30,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--activation_gb_per_sample", type=float, default=None,
                         help="GiB per sample as configured (with checkpointing if on); "
                         "skips the measurement")  # fmt: skip
+    parser.add_argument("--vision_activation_gb_per_sample", type=float, default=None,
+                        help="the vision tower's share of --activation_gb_per_sample (what a "
+                        "frozen vision tower saves)")  # fmt: skip
     parser.add_argument("--cameras", type=int, default=3, help="camera slots per sample")
     parser.add_argument("--prompt_tokens", type=int, default=200, help="padded prompt length")
     parser.add_argument("--reserve_gb", type=float, default=4.0, help="buffers, fragmentation")
@@ -33,7 +40,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def plan(args: argparse.Namespace):
-    """The ``Plan`` for the parsed flags (gin already parsed)."""
+    """The ``Plan`` for the parsed flags (gin already parsed), as configured: LoRA and frozen
+    towers through the trainable count (and a frozen vision tower's activations), both
+    offloads through the model states."""
+    return plan_all(args)[0]
+
+
+def plan_all(args: argparse.Namespace):
+    """(the configured ``Plan``, the ``RECIPES`` planned, the configured recipe, the model
+    factory's gin name)."""
     from recap.config_check import bound
     from recap.engine import memory
 
@@ -42,19 +57,36 @@ def plan(args: argparse.Namespace):
         raise RecapError("plan_memory: the gin files bind no train.model_fn; include a model")
     model = memory.build_on_meta(model_fn.scoped_configurable_fn)
     config = model.config
+    factory = model_fn.configurable.name
     offload = bool(bound("deepspeed_config.offload_optimizer", False))
+    offload_param = bound("deepspeed_config.offload_param", "none") not in (None, "none")
+    frozen_vision = "vision" in (bound(f"{factory}.freeze", None) or ())
     if args.activation_gb_per_sample is None:
         acts = memory.measure_activations(config, args.cameras, args.prompt_tokens)
     else:
-        acts = memory.Activations(args.activation_gb_per_sample, None, "given on the command line")
+        vision = args.vision_activation_gb_per_sample
+        acts = memory.Activations(args.activation_gb_per_sample, None,
+                                  "given on the command line", vision, vision)  # fmt: skip
+    checkpointing = bool(getattr(config, "gradient_checkpointing", False))
+    micro = args.micro_batch or int(bound("deepspeed_config.micro_batch_size", 32))
     counts = memory.count_parameters(model)
-    return memory.Plan(
-        counts=counts, ranks=args.ranks, device_gb=args.device_gb,
-        micro_batch=args.micro_batch or int(bound("deepspeed_config.micro_batch_size", 32)),
-        states=memory.zero3_model_states(counts, args.ranks, offload), activations=acts,
-        checkpointing=bool(getattr(config, "gradient_checkpointing", False)),
-        offload_optimizer=offload, reserve_gb=args.reserve_gb,
+    configured = memory.Plan(
+        counts=counts, ranks=args.ranks, device_gb=args.device_gb, micro_batch=micro,
+        states=memory.zero3_model_states(counts, args.ranks, offload, offload_param),
+        activations=acts.without_vision() if frozen_vision else acts,
+        checkpointing=checkpointing, offload_optimizer=offload or offload_param,
+        reserve_gb=args.reserve_gb,
     )  # fmt: skip
+    if factory not in ("pi05_policy", "value_model"):  # recipes: the models with towers
+        return configured, [], None, factory
+    plain = model_fn.scoped_configurable_fn
+    lora = bound(f"{factory}.lora", None) is not None
+    plain_counts = None if lora or bound(f"{factory}.freeze", None) else counts
+    recipe_counts = memory.recipe_counts(lambda: plain(lora=None, freeze=()), full=plain_counts)
+    recipes = memory.plan_recipes(recipe_counts, acts, args.ranks, args.device_gb, micro,
+                                  checkpointing, args.reserve_gb)  # fmt: skip
+    mine = memory.configured_recipe(lora, frozen_vision, offload, offload_param)
+    return configured, recipes, mine, factory
 
 
 SHAPES_ONLY = ["pi05_policy.checkpoint = None"]
@@ -66,11 +98,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         import recap.models.pi05  # noqa: F401  (registers pi05_policy)
         import recap.steps.train  # noqa: F401  (registers train, value_model, ...)
         from recap.cli import parse_gin
-        from recap.engine.memory import format_plan
+        from recap.engine.memory import format_plan, format_recipes
 
         # the plan needs the architecture only: the gin sizes, never a checkpoint's weights
         parse_gin(args.gin_file, [*args.gin_param, *SHAPES_ONLY])
-        print("\n".join(format_plan(plan(args))))
+        configured, recipes, mine, factory = plan_all(args)
+        lines = format_plan(configured)
+        if recipes:
+            lines += ["", *format_recipes(recipes, args.ranks, factory, mine)]
+        print("\n".join(lines))
     except RecapError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

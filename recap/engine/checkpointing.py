@@ -28,6 +28,7 @@ import torch
 from recap.engine import distributed
 from recap.engine.inference import TIED_KEY
 from recap.errors import RecapError
+from recap.weights import save_safetensors
 
 CHECKPOINTS = "checkpoints"
 STATE_FILE = "recap_state.json"
@@ -151,16 +152,10 @@ def save_exported(
 ) -> Path:
     """Write ``state`` atomically as safetensors; tied aliases (and ``extra``) go in the
     metadata."""
-    from safetensors.torch import save_file
-
     kept, tied = _untie(state)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
     metadata = {"format": "pt", TIED_KEY: json.dumps(tied), "step": str(step), **(extra or {})}
-    save_file(kept, str(tmp), metadata=metadata)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
-    return path
+    return save_safetensors(kept, path, metadata)
 
 
 def export(engine, run_dir: Path, step: int, ema=None) -> Path:
@@ -168,7 +163,9 @@ def export(engine, run_dir: Path, step: int, ema=None) -> Path:
 
     With an ``ema`` the file holds the averaged weights (the parameters' dtype) and its metadata
     says so: ``recap_weights`` = ``"ema"`` (else ``"raw"``), ``recap_ema_decay``,
-    ``recap_ema_updates``."""
+    ``recap_ema_updates``. A LoRA model (``recap.models.adapters``) writes its adapter alone as
+    peft does under ``run_dir/adapter/`` and the merged weights, under the names of a full
+    fine-tune, to ``model.safetensors`` (metadata ``recap_lora`` = ``"merged"``)."""
     if engine.zero_optimization_partition_weights():
         state = engine._zero3_consolidated_16bit_state_dict()
     else:
@@ -179,6 +176,13 @@ def export(engine, run_dir: Path, step: int, ema=None) -> Path:
         extra = {WEIGHTS_KEY: "ema", "recap_ema_decay": repr(ema.decay),
                  "recap_ema_updates": str(ema.updates)}  # fmt: skip
     path = Path(run_dir) / EXPORT_FILE
+    lora = getattr(engine.module, "recap_lora", None)
+    if distributed.is_main() and lora is not None:  # LoRA: peft's files, then merged weights
+        from recap.models import adapters
+
+        adapters.save_adapter(state, lora, Path(run_dir) / adapters.ADAPTER_DIR)
+        state = adapters.merged_state(state, lora)
+        extra["recap_lora"] = "merged"
     if distributed.is_main():
         save_exported(state, path, step, extra)
     distributed.barrier()
@@ -197,7 +201,9 @@ def load_pending(model: torch.nn.Module) -> None:
 
     rank0 = distributed.rank() == 0
     for name, param in model.named_parameters():
-        value = state[name]
+        value = state.get(name.replace(".base_layer.", "."))  # a LoRA layer's base weight
+        if value is None and ".lora_" in name:
+            continue  # a LoRA adapter: freshly initialized, not in the checkpoint
         if not hasattr(param, "ds_id"):  # built outside zero.Init: every rank holds it whole
             param.data.copy_(value.to(param.device, param.dtype))
             continue

@@ -25,6 +25,7 @@ from recap.errors import RecapError
 RECAP_KEY = "recap"
 PRECISIONS = ("auto", "bf16", "fp32")
 SCHEDULES = ("constant", "cosine")
+OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 
 
 def gradient_accumulation(global_batch: int, micro_batch: int, world_size: int) -> int:
@@ -46,8 +47,36 @@ def _precision(precision: str) -> dict[str, Any]:
     return {"bf16": {"enabled": True}} if bf16 else {}
 
 
-def _zero(stage: int, offload_optimizer: bool, persistence_threshold: int | None) -> dict:
+def _offload_param(stage: int, device: str, nvme_path: str | None) -> dict | None:
+    """ZeRO-3's ``offload_param`` section (None when ``device`` is ``"none"``)."""
+    if device not in OFFLOAD_DEVICES:
+        raise RecapError(f"gin config: deepspeed_config.offload_param={device!r}; use one of "
+                         f"{OFFLOAD_DEVICES}")  # fmt: skip
+    if device == "none":
+        return None
+    if stage != 3:
+        raise RecapError(
+            f"gin config: deepspeed_config.offload_param={device!r} needs "
+            f"zero_stage 3 (have {stage}); set deepspeed_config.zero_stage = 3"
+        )
+    section = {"device": device, "pin_memory": not accelerator.is_cpu()}
+    if device == "nvme":
+        if not nvme_path:
+            raise RecapError("gin config: deepspeed_config.nvme_path is required with "
+                             "offload_param 'nvme'; bind a local NVMe directory")  # fmt: skip
+        section["nvme_path"] = str(nvme_path)
+    return section
+
+
+def _zero(
+    stage: int,
+    offload_optimizer: bool,
+    persistence_threshold: int | None,
+    offload_param: dict | None = None,
+) -> dict:
     zero: dict[str, Any] = {"stage": stage, "contiguous_gradients": True, "overlap_comm": False}
+    if offload_param is not None:
+        zero["offload_param"] = offload_param
     if stage == 3:
         zero["stage3_gather_16bit_weights_on_model_save"] = True
         if persistence_threshold is not None:
@@ -77,6 +106,8 @@ def deepspeed_config(
     min_lr_ratio: float = 0.0,
     gradient_clipping: float = 1.0,
     offload_optimizer: bool = False,
+    offload_param: str = "none",
+    nvme_path: str | None = None,
     param_persistence_threshold: int | None = None,
     ema_decay: float | None = None,
 ) -> dict[str, Any]:
@@ -87,7 +118,8 @@ def deepspeed_config(
     is linear warmup over ``warmup_steps`` then ``constant`` or ``cosine`` down to
     ``min_lr_ratio`` x lr at ``max_steps``. ``ema_decay`` (None: off; openpi pi05_libero
     0.999) keeps an exponential moving average of the weights, checkpointed, and exports it
-    (``recap.engine.ema``).
+    (``recap.engine.ema``). ``offload_param`` (``"cpu"``, or ``"nvme"`` under ``nvme_path``;
+    ZeRO-3 only) keeps the parameters on the host between uses, beside ``offload_optimizer``.
     """
     if schedule not in SCHEDULES:
         raise RecapError(f"gin config: deepspeed_config.schedule={schedule!r}; use {SCHEDULES}")
@@ -95,6 +127,7 @@ def deepspeed_config(
         raise RecapError(
             f"gin config: deepspeed_config.ema_decay={ema_decay}; use None (off) or 0 <= d < 1"
         )
+    param_section = _offload_param(zero_stage, offload_param, nvme_path)
     accumulation = gradient_accumulation(global_batch_size, micro_batch_size, world_size)
     adam = {"lr": lr, "betas": list(betas), "eps": eps, "weight_decay": weight_decay}
     return {
@@ -103,7 +136,9 @@ def deepspeed_config(
         "gradient_accumulation_steps": accumulation,
         "gradient_clipping": gradient_clipping,
         "optimizer": {"type": "AdamW", "params": {**adam, "torch_adam": True}},
-        "zero_optimization": _zero(zero_stage, offload_optimizer, param_persistence_threshold),
+        "zero_optimization": _zero(
+            zero_stage, offload_optimizer, param_persistence_threshold, param_section
+        ),
         "zero_allow_untested_optimizer": True,
         "zero_force_ds_cpu_optimizer": False,
         "steps_per_print": 10**9,

@@ -152,7 +152,9 @@ def predict(
 def load_exported(model: torch.nn.Module, path: str | os.PathLike, strict: bool = True) -> None:
     """Load a ``model.safetensors`` written by the trainer into a plain (non-DeepSpeed) model.
 
-    Tied weights were stored once; the file's metadata names their aliases, restored here."""
+    Tied weights were stored once; the file's metadata names their aliases, restored here. A
+    model built with LoRA adapters gets its plain layers back first (the file holds the merged
+    weights, ``recap.models.adapters``)."""
     if not os.path.isfile(path):
         raise RecapError(
             f"{path}: exported weights not found; run training to the end or set the path"
@@ -162,6 +164,10 @@ def load_exported(model: torch.nn.Module, path: str | os.PathLike, strict: bool 
     with safe_open(str(path), framework="pt") as handle:
         metadata = handle.metadata() or {}
     state = load_file(str(path))
+    if getattr(model, "recap_lora", None) is not None:
+        from recap.models.adapters import unload
+
+        unload(model)
     for alias, source in json.loads(metadata.get(TIED_KEY, "{}")).items():
         state[alias] = state[source]
     model.load_state_dict(state, strict=strict)

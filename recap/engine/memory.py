@@ -4,7 +4,15 @@ Model states (bytes per parameter, partitioned over ``ranks``): bf16 parameters 
 parameter), bf16 gradients 2 and fp32 master weights + Adam m, v 12 (trainable parameters
 only), plus the largest layer gathered whole (4 bytes/param: its bf16 weights and gradients).
 DeepSpeed's own estimator (``estimate_zero3_model_states_mem_needs``: 18 bytes/param for every
-parameter + 4 x largest layer) is reported beside it; the verdict uses the larger of the two.
+parameter + 4 x largest layer; frozen parameters counted at their 2 bytes of weights, since the
+estimator assumes every parameter trains) is reported beside it; the verdict uses the larger of
+the two. Offloads: ``offload_optimizer`` moves the float32 master and Adam states to the host,
+``offload_param`` (ZeRO-3) the parameters and gradients too (the device keeps the gathered layers).
+
+Recipes (``RECIPES``, ``plan_recipes``): full fine-tuning, + optimizer offload, LoRA (peft's
+trainable count on the meta device, ``recipe_counts``), LoRA + frozen vision (the SigLIP
+activations removed), parameter offload; per recipe the largest micro batch and the predicted
+GiB per rank, and for the configured recipe when it misses, the cheapest one that fits.
 
 Activations are the bytes autograd keeps for backward (``saved_tensors_hooks``; parameters
 excluded), measured on CPU at batch 1 with the real widths and sequence lengths but depth 1/2 per
@@ -73,6 +81,22 @@ class Activations:
     per_sample: float
     checkpointed: float | None
     source: str
+    vision: float | None = None  # the vision stack's share of per_sample (None: unknown)
+    vision_checkpointed: float | None = None
+
+    def without_vision(self) -> Activations:
+        """The activations with the vision tower frozen (it saves nothing for backward: its
+        input needs no gradient); unchanged when the vision share is unknown."""
+        if self.vision is None:
+            return self
+        ckpt = self.checkpointed
+        if ckpt is not None and self.vision_checkpointed is not None:
+            ckpt = max(ckpt - self.vision_checkpointed, 0.0)
+        return dataclasses.replace(
+            self, per_sample=max(self.per_sample - self.vision, 0.0), checkpointed=ckpt,
+            vision=0.0, vision_checkpointed=0.0 if ckpt is not None else None,
+            source=self.source + "; vision tower frozen: its share removed",
+        )  # fmt: skip
 
 
 def build_on_meta(model_fn: Callable[[], nn.Module]) -> nn.Module:
@@ -94,32 +118,60 @@ def count_parameters(model: nn.Module) -> ParamCounts:
     )
 
 
-def deepspeed_estimate_gib(counts: ParamCounts, ranks: int, offload_optimizer: bool) -> float:
-    """DeepSpeed's per-device ZeRO-3 model-state estimate in GiB (8 devices per node)."""
+def optimizer_footprint(engine) -> tuple[int, int]:
+    """(parameters the DeepSpeed optimizer updates, this rank's bytes of optimizer state as
+    allocated: the float32 master partitions plus the inner optimizer's state tensors)."""
+    opt = engine.optimizer
+    groups = getattr(opt, "fp16_groups", None) or getattr(opt, "bit16_groups", None)
+    groups = groups or [g["params"] for g in opt.param_groups]
+    numel = sum(getattr(p, "ds_numel", p.numel()) for group in groups for p in group)
+    masters = (getattr(opt, "fp32_partitioned_groups_flat", None)
+               or getattr(opt, "single_partition_of_fp32_groups", None) or [])  # fmt: skip
+    inner = getattr(opt, "optimizer", opt)
+    state = sum(t.nbytes for s in inner.state.values() for t in s.values() if torch.is_tensor(t)
+                and t.dim())  # fmt: skip
+    return numel, state + sum(t.nbytes for t in masters)
+
+
+def deepspeed_estimate_gib(
+    counts: ParamCounts, ranks: int, offload_optimizer: bool, offload_param: bool = False
+) -> float:
+    """DeepSpeed's per-device ZeRO-3 model-state estimate in GiB (8 devices per node). It
+    counts every parameter as trainable; with frozen parameters (LoRA) it overestimates, so the
+    plan then scales its optimizer/gradient share to the trainable fraction."""
     from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
 
     per_node = min(ranks, 8)
     _, device_bytes, _ = estimate_zero3_model_states_mem_needs(
         counts.total, counts.largest_layer, num_gpus_per_node=per_node,
-        num_nodes=math.ceil(ranks / per_node), cpu_offload=offload_optimizer,
-        cpu_offload_params=False,
+        num_nodes=math.ceil(ranks / per_node), cpu_offload=offload_optimizer or offload_param,
+        cpu_offload_params=offload_param,
     )  # fmt: skip
+    if counts.trainable < counts.total and not (offload_optimizer or offload_param):
+        # estimator: 18 B/param (2 weights + 16 grads/states) over the ranks + 4 x largest layer
+        largest = 4 * counts.largest_layer
+        states = (device_bytes - largest) * (2 + 16 * counts.trainable / counts.total) / 18
+        device_bytes = states + largest
     return device_bytes / GIB
 
 
 def zero3_model_states(
-    counts: ParamCounts, ranks: int, offload_optimizer: bool = False
+    counts: ParamCounts, ranks: int, offload_optimizer: bool = False, offload_param: bool = False
 ) -> ModelStates:
-    """Per-rank model states (module docstring); the optimizer is on the host when offloaded."""
+    """Per-rank model states (module docstring); the optimizer is on the host when offloaded,
+    and with ``offload_param`` (ZeRO-3 ``offload_param``, which implies the optimizer's) the
+    parameters and gradients too: the device keeps only the layers gathered for compute."""
     if ranks < 1:
         raise RecapError(f"plan_memory: ranks {ranks} must be >= 1")
+    offload_optimizer = offload_optimizer or offload_param
     optimizer = 0.0 if offload_optimizer else BYTES_OPTIM * counts.trainable / ranks / GIB
+    host = 0.0 if offload_param else 1.0
     return ModelStates(
-        params=BYTES_PARAM * counts.total / ranks / GIB,
-        grads=BYTES_GRAD * counts.trainable / ranks / GIB,
+        params=host * BYTES_PARAM * counts.total / ranks / GIB,
+        grads=host * BYTES_GRAD * counts.trainable / ranks / GIB,
         optimizer=optimizer,
         gathered=GATHER_BYTES * counts.largest_layer / GIB,
-        deepspeed=deepspeed_estimate_gib(counts, ranks, offload_optimizer),
+        deepspeed=deepspeed_estimate_gib(counts, ranks, offload_optimizer, offload_param),
     )
 
 
@@ -270,7 +322,12 @@ def measure_activations(config, cameras: int = 3, prompt_tokens: int = 200) -> A
     shape = ", ".join(f"{k} {real[k]} layers: {slopes[k] / 2**20:.1f} MiB/layer" for k in real)
     source = (f"measured on CPU, batch 1, {cameras} cameras, {prompt_tokens} prompt tokens, "
               f"bf16; base {base / 2**20:.1f} MiB; {shape}")  # fmt: skip
-    return Activations(per_sample, checkpointed, source)
+    # the vision share: its slope per layer times its depth (what a frozen tower saves)
+    vision = slopes["vision"] * real["vision"] / GIB
+    vision_ckpt = None
+    if ckpt_slopes.get("vision") is not None:
+        vision_ckpt = ckpt_slopes["vision"] * real["vision"] / GIB
+    return Activations(per_sample, checkpointed, source, vision, vision_ckpt)
 
 
 # ---- plan and verdict ------------------------------------------------------------------------
@@ -353,3 +410,158 @@ def format_plan(plan: Plan) -> list[str]:
         f"{plan.activation_gb:.2f} + reserve {plan.reserve_gb:.1f}",
         verdict(plan),
     ]
+
+
+# ---- recipes: which training recipe fits the card you have ---------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """A training recipe: LoRA (``LoraOptions`` as bound in gin, openpi's defaults otherwise),
+    the vision tower frozen, the optimizer and/or the parameters offloaded to the host."""
+
+    name: str
+    lora: bool = False
+    freeze_vision: bool = False
+    offload_optimizer: bool = False
+    offload_param: bool = False
+
+    def bindings(self, factory: str) -> list[str]:
+        """The gin bindings that select this recipe for the model factory ``factory``."""
+        out = [f"{factory}.lora = @LoraOptions()"] if self.lora else []
+        out += [f"{factory}.freeze = ['vision']"] if self.freeze_vision else []
+        out += ["deepspeed_config.offload_optimizer = True"] if self.offload_optimizer else []
+        out += ['deepspeed_config.offload_param = "cpu"'] if self.offload_param else []
+        return out
+
+
+# cheapest first: what a run gives up (speed, then trained parameters, then host traffic)
+RECIPES = (
+    Recipe("full"),
+    Recipe("full + optimizer offload", offload_optimizer=True),
+    Recipe("LoRA", lora=True),
+    Recipe("LoRA + frozen vision", lora=True, freeze_vision=True),
+    Recipe("param offload", offload_optimizer=True, offload_param=True),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class RecipePlan:
+    """One recipe on ``ranks`` devices of ``device_gb``: model states, activations per sample
+    and the largest micro batch that fits (capped at ``micro_cap``, the configured one)."""
+
+    recipe: Recipe
+    counts: ParamCounts
+    states: ModelStates
+    per_sample_gb: float
+    device_gb: float
+    micro_cap: int
+    reserve_gb: float = 4.0
+
+    @property
+    def largest_micro(self) -> int:
+        fixed = self.states.planned + self.reserve_gb
+        return min(max_micro_batch(self.device_gb, fixed, self.per_sample_gb), self.micro_cap)
+
+    @property
+    def fits(self) -> bool:
+        return self.largest_micro >= 1
+
+    @property
+    def micro(self) -> int:
+        """The micro batch the per-rank figure is predicted at (1 when none fits)."""
+        return max(self.largest_micro, 1)
+
+    @property
+    def total_gb(self) -> float:
+        return self.states.planned + self.reserve_gb + self.per_sample_gb * self.micro
+
+
+def recipe_counts(
+    build: Callable[[], nn.Module], lora_options=None, full: ParamCounts | None = None
+) -> dict[str, ParamCounts]:
+    """Parameter counts of the full, LoRA and LoRA + frozen vision models (built on the meta
+    device by ``build``, a factory of the plain model; LoRA as ``lora_options``, default the
+    gin-bound ``LoraOptions()``). The LoRA counts are peft's own (the same ``requires_grad``).
+    ``full``: the plain model's counts when already known (one build fewer)."""
+    from recap.models.adapters import LoraOptions, adapt
+
+    full = full or count_parameters(build_on_meta(build))
+    with torch.device("meta"):
+        model = adapt(build(), lora_options or LoraOptions())
+        lora = count_parameters(model)
+        adapt(model, None, ["vision"])
+    return {"full": full, "lora": lora, "lora_frozen_vision": count_parameters(model)}
+
+
+def plan_recipes(
+    counts: dict[str, ParamCounts], activations: Activations, ranks: int, device_gb: float,
+    micro_cap: int, checkpointing: bool = False, reserve_gb: float = 4.0,
+) -> list[RecipePlan]:  # fmt: skip
+    """``RECIPES`` planned on ``ranks`` x ``device_gb``. LoRA keeps the activations of full
+    fine-tuning (the adapters sit in every layer, so backward still runs through all of them);
+    a frozen vision tower saves none (``Activations.without_vision``)."""
+    plans = []
+    for recipe in RECIPES:
+        if recipe.lora:
+            key = "lora_frozen_vision" if recipe.freeze_vision else "lora"
+        else:
+            key = "full"
+        acts = activations.without_vision() if recipe.freeze_vision else activations
+        ckpt = acts.checkpointed
+        per_sample = ckpt if checkpointing and ckpt is not None else acts.per_sample
+        states = zero3_model_states(counts[key], ranks, recipe.offload_optimizer,
+                                    recipe.offload_param)  # fmt: skip
+        plans.append(RecipePlan(recipe, counts[key], states, per_sample, device_gb, micro_cap,
+                                reserve_gb))  # fmt: skip
+    return plans
+
+
+def configured_recipe(lora: bool, freeze_vision: bool, offload_optimizer: bool,
+                      offload_param: bool) -> Recipe | None:  # fmt: skip
+    """The recipe the current config selects (None: a combination outside ``RECIPES``)."""
+    want = (lora, freeze_vision, offload_optimizer or offload_param, offload_param)
+    for recipe in RECIPES:
+        if (recipe.lora, recipe.freeze_vision, recipe.offload_optimizer,
+                recipe.offload_param) == want:  # fmt: skip
+            return recipe
+    return None
+
+
+def format_recipes(
+    plans: list[RecipePlan], ranks: int, factory: str, configured: Recipe | None = None
+) -> list[str]:
+    """A table of the recipes (one row each; a miss names the cheapest recipe that fits) and
+    the verdict on the configured recipe with the gin bindings of the cheapest change."""
+    device = plans[0].device_gb
+    first = next((p for p in plans if p.fits), None)
+    lines = [
+        f"recipes on {ranks} x {device:g} GiB (micro batch capped at {plans[0].micro_cap}; "
+        "predictions, GiB per rank):",
+        "| recipe | trainable | model states | activations/sample | largest micro | GiB/rank "
+        "| fits |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for p in plans:
+        verdict = "yes" if p.fits else f"no: {first.recipe.name} fits" if first else "no"
+        lines.append(
+            f"| {p.recipe.name} | {p.counts.trainable:,} | {p.states.planned:.2f} | "
+            f"{p.per_sample_gb:.3f} | {p.largest_micro} | {p.total_gb:.1f} (micro {p.micro}) | "
+            f"{verdict} |"
+        )
+    mine = next((p for p in plans if p.recipe == configured), None)
+    if mine is None:
+        return lines
+    head = f"configured recipe ({mine.recipe.name}): "
+    if mine.fits:
+        lines.append(f"{head}fits up to micro batch {mine.micro} ({mine.total_gb:.1f} GiB per "
+                     "rank there)")  # fmt: skip
+    elif first is None:
+        lines.append(f"{head}DOES NOT FIT ({mine.total_gb:.1f} GiB at micro 1) and no recipe "
+                     f"fits {ranks} x {device:g} GiB; use more or larger devices")  # fmt: skip
+    else:
+        change = " ".join(f"--gin_param '{b}'" for b in first.recipe.bindings(factory))
+        lines.append(f"{head}DOES NOT FIT ({mine.total_gb:.1f} GiB at micro 1); cheapest change "
+                     f"that fits: {first.recipe.name} ({change}): {first.total_gb:.1f} GiB at "
+                     f"micro {first.micro}")  # fmt: skip
+    return lines

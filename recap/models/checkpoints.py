@@ -38,11 +38,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from recap.data.conditioning import QuantileStats
 from recap.errors import RecapError
 from recap.models.pi05 import GEMMA_300M, PALIGEMMA_2B, Pi05Config, Pi05Policy, build_pi05
+from recap.weights import safetensors_bytes
 
 OPENPI, LEROBOT = "openpi", "lerobot"
 LAYOUTS = (OPENPI, LEROBOT)
@@ -237,10 +238,18 @@ def file_state(model: Pi05Policy, layout: str) -> dict[str, torch.Tensor]:
     expert head), prefixed with ``model.`` for LeRobot; on the model's device (``meta`` gives
     the names and shapes of a model never allocated)."""
     state = {k: v.detach() for k, v in model.state_dict().items()}
+    return state_to_file(state, model.action_in_proj.out_features, layout)
+
+
+def state_to_file(
+    state: dict[str, torch.Tensor], expert_width: int, layout: str
+) -> dict[str, torch.Tensor]:
+    """``file_state`` of a plain ``Pi05Policy`` state dict (e.g. merged LoRA weights,
+    ``recap.models.adapters.merged_state``) whose action expert is ``expert_width`` wide."""
+    state = dict(state)
     embed = state.pop(EMBED_KEY)
     state[LM_HEAD_KEY] = embed
-    width = model.action_in_proj.out_features
-    state[EXPERT_LM_HEAD_KEY] = embed.new_zeros(embed.shape[0], width)
+    state[EXPERT_LM_HEAD_KEY] = embed.new_zeros(embed.shape[0], expert_width)
     return {file_key(k, layout): v for k, v in state.items()}
 
 
@@ -267,7 +276,7 @@ def save_pi05(model: Pi05Policy, directory: str | os.PathLike, layout: str = OPE
     path.mkdir(parents=True, exist_ok=True)
     state = {k: v.contiguous().cpu() for k, v in file_state(model, _check_layout(layout)).items()}
     writes = {
-        WEIGHTS_FILE: lambda p: save_file(state, str(p), metadata={"format": "pt"}),
+        WEIGHTS_FILE: lambda p: p.write_bytes(safetensors_bytes(state, {"format": "pt"})),
         CONFIG_FILE: lambda p: p.write_text(json.dumps(foreign_config(model.config, layout))),
         RECAP_CONFIG_FILE: lambda p: p.write_text(
             json.dumps(dataclasses.asdict(model.config), indent=2)

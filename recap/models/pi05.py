@@ -43,6 +43,7 @@ import dataclasses
 import fnmatch
 import math
 import os
+from collections.abc import Sequence
 
 import gin
 import torch
@@ -52,6 +53,7 @@ from transformers import AutoModel, GemmaConfig, SiglipVisionConfig
 
 from recap.data.transforms import frames_to_images
 from recap.errors import RecapError
+from recap.models.adapters import LoraOptions, adapt, check_freeze
 from recap.models.losses import flow_matching_loss
 from recap.models.pi05_layers import (
     ATTENTION,
@@ -180,7 +182,10 @@ class Pi05Policy(nn.Module):
         time: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """``(loss float32[B], metrics)``; ``noise`` float[B, H, A] and ``time`` float[B] are
-        drawn (N(0, I); Beta(1.5, 1) * 0.999 + 0.001) unless given."""
+        drawn (N(0, I); Beta(1.5, 1) * 0.999 + 0.001) unless given, as arguments or as batch
+        keys ``noise`` / ``time`` (data that fixes them: tests, benchmarks)."""
+        noise = batch.get("noise") if noise is None else noise
+        time = batch.get("time") if time is None else time
         batch = self.with_images(batch)
         actions = batch["actions"].float()
         noise = torch.randn_like(actions) if noise is None else noise.float()
@@ -449,14 +454,24 @@ def build_pi05(config: Pi05Config, dtype: torch.dtype = torch.float32) -> Pi05Po
 
 @gin.configurable
 def pi05_policy(
-    checkpoint: str | None = None, layout: str | None = None, variant: str | None = None, **fields
+    checkpoint: str | None = None,
+    layout: str | None = None,
+    variant: str | None = None,
+    lora: LoraOptions | None = None,
+    freeze: Sequence[str] = (),
+    **fields,
 ) -> Pi05Policy:
     """Gin entry point: a local openpi/LeRobot/recap checkpoint directory, or (``checkpoint``
     None) random init from ``Pi05Config`` ``fields`` (default: the real sizes). ``variant``
     names an openpi config (``pi05_base``, ``pi05_libero``, ...) for checkpoints that carry no
-    config file (openpi's training checkpoints); ``fields`` still win."""
+    config file (openpi's training checkpoints); ``fields`` still win. ``lora``
+    (``@LoraOptions()``) and ``freeze`` (towers: ``vision``, ``language_model``, ``expert``,
+    ``projector``): ``recap.models.adapters``."""
     from recap.models.checkpoints import load_pi05, variant_fields
 
+    freeze = check_freeze(freeze, "pi05_policy.freeze")
     if checkpoint is not None:
-        return load_pi05(checkpoint, layout=layout, variant=variant, **fields)
-    return build_pi05(Pi05Config(**variant_fields(variant) | fields))
+        model = load_pi05(checkpoint, layout=layout, variant=variant, **fields)
+    else:
+        model = build_pi05(Pi05Config(**variant_fields(variant) | fields))
+    return adapt(model, lora, freeze)

@@ -30,18 +30,21 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import gin
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import nn
 from transformers import AutoModel, Gemma3TextConfig, SiglipVisionConfig
 
 from recap.data.transforms import frames_to_images
 from recap.errors import RecapError
 from recap.models import layers
+from recap.models.adapters import LoraOptions, adapt, check_freeze
 from recap.models.losses import categorical_value_loss, expected_value
+from recap.weights import save_safetensors
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -241,7 +244,7 @@ class ValueModel(nn.Module):
         path.mkdir(parents=True, exist_ok=True)
         (path / CONFIG_FILE).write_text(json.dumps(dataclasses.asdict(self.config), indent=2))
         state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
-        save_file(state, str(path / WEIGHTS_FILE), metadata={"format": "pt"})
+        save_safetensors(state, path / WEIGHTS_FILE, {"format": "pt"})
 
 
 class Gemma1RMSNorm(nn.Module):
@@ -476,18 +479,24 @@ def value_model(
     gemma_path: str | None = None,
     vision: dict | None = None,
     text: dict | None = None,
+    lora: LoraOptions | None = None,
+    freeze: Sequence[str] = (),
     **sizes,
 ) -> ValueModel:
     """Gin entry point: pretrained parts when both paths are set, else random init from
-    ``vision``/``text`` config dicts (default: the real sizes, SigLIP so400m + Gemma3-270M)."""
+    ``vision``/``text`` config dicts (default: the real sizes, SigLIP so400m + Gemma3-270M).
+    ``lora`` (``@LoraOptions()``: adapters on the Gemma3 layers the expert reads; critic
+    expert and head fully trained) and ``freeze`` (towers ``vision``, ``language_model``,
+    ``expert``, ``projector``): ``recap.models.adapters``."""
+    freeze = check_freeze(freeze, "value_model.freeze")
     if (siglip_path is None) != (gemma_path is None):
         raise RecapError(
             "value_model: set both siglip_path and gemma_path (pretrained) or neither "
             "(random init from the vision/text configs)"
         )
     if siglip_path is not None:
-        return from_pretrained_parts(siglip_path, gemma_path, **sizes)
+        return adapt(from_pretrained_parts(siglip_path, gemma_path, **sizes), lora, freeze)
     config = ValueModelConfig(
         vision=vision or dict(SIGLIP_SO400M_224), text=text or dict(GEMMA3_270M), **sizes
     )
-    return build_value_model(config)
+    return adapt(build_value_model(config), lora, freeze)
