@@ -82,7 +82,6 @@ def import_value(
     import dataclasses
 
     import torch
-    from safetensors.torch import save_file
 
     from recap.interop import rlinf
     from recap.models.value import (
@@ -92,6 +91,7 @@ def import_value(
         WEIGHTS_FILE,
         build_value_model,
     )  # fmt: skip
+    from recap.weights import save_safetensors
 
     state = load_state(source)
     config0 = rlinf.infer_value_config(
@@ -105,10 +105,10 @@ def import_value(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     tensors = {k: recap[k].contiguous() for k in target}
-    save_file(tensors, str(out / WEIGHTS_FILE), metadata={"format": "pt", "source": "rlinf"})
+    save_safetensors(tensors, out / WEIGHTS_FILE, {"format": "pt", "source": "rlinf"})
     (out / CONFIG_FILE).write_text(json.dumps(dataclasses.asdict(config0), indent=2))
     if keep_unused and unused:
-        save_file({k: v.contiguous() for k, v in unused.items()}, str(out / UNUSED_FILE))
+        save_safetensors({k: v.contiguous() for k, v in unused.items()}, out / UNUSED_FILE)
     if return_range is not None:
         from recap.core.normalize import ReturnRange
         from recap.data.datasets import write_return_range
@@ -143,12 +143,12 @@ def import_policy(source, out, base=None, variant="pi05_libero") -> Path:
     import shutil
 
     import torch
-    from safetensors.torch import save_file
 
     from recap.errors import RecapError
     from recap.interop import rlinf
     from recap.models import checkpoints as ckpt
     from recap.models.pi05 import Pi05Config, build_pi05
+    from recap.weights import save_safetensors
 
     state = load_state(source)
     if base is not None:
@@ -165,7 +165,7 @@ def import_policy(source, out, base=None, variant="pi05_libero") -> Path:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.contiguous() for k, v in tensors.items()}
-    save_file(tensors, str(out / ckpt.WEIGHTS_FILE), metadata={"format": "pt", "source": "rlinf"})
+    save_safetensors(tensors, out / ckpt.WEIGHTS_FILE, {"format": "pt", "source": "rlinf"})
     (out / ckpt.CONFIG_FILE).write_text(json.dumps(ckpt.foreign_config(config, ckpt.OPENPI)))
     (out / ckpt.RECAP_CONFIG_FILE).write_text(json.dumps(dataclasses.asdict(config), indent=2))
     if stats is not None and stats.name == ckpt.NORM_STATS_FILE:
