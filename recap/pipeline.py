@@ -554,6 +554,13 @@ def _describe(name: str, result: dict) -> str:
     return ", ".join(parts)
 
 
+ONE_SEED = (
+    "closed-loop success above: one training seed on one machine, an anecdote, not "
+    "evidence; RECAP vs BC over seeds with 95% intervals: python bench/recap_vs_bc.py "
+    "(README, 'RECAP vs behaviour cloning')"
+)
+
+
 def summary_table(config: PipelineConfig, report: dict[str, dict], uri: str) -> str:
     """The final table: per step status, wall time, headline figures; the MLflow command."""
     rows = [("step", "status", "wall", "result", "outputs")]
@@ -566,6 +573,8 @@ def summary_table(config: PipelineConfig, report: dict[str, dict], uri: str) -> 
     for row in rows:
         cells = [c.ljust(w) for c, w in zip(row[:4], widths, strict=True)]
         lines.append("  ".join([*cells, row[4]]).rstrip())
+    if any(k.startswith("success/") for k in summary_metrics(report)):
+        lines.append(ONE_SEED)
     lines.append(f"compare runs: mlflow ui --backend-store-uri {uri}   (experiment "
                  f"{config.experiment!r}: one run per pipeline configuration)")  # fmt: skip
     return "\n".join(lines)

@@ -83,6 +83,7 @@ def test_four_steps_run_and_print_the_summary(tiny):
     fraction = float(headline.split("positive fraction ")[1].split(",")[0])
     assert fraction == pytest.approx(0.3, abs=0.01)  # quantile 0.3; ties at the threshold count
     assert "baseline success (beta 1)" in headline and "policy success (beta 1)" in headline
+    assert "one training seed on one machine, an anecdote" in out  # the claim is the bench's
     assert "mlflow ui --backend-store-uri sqlite:///" in out
     runs = tiny["root"] / "runs"
     (value_dir,) = (runs / "value").iterdir()

@@ -175,7 +175,8 @@ def conditioning_sensitivity(
     frames: int = 64,
 ) -> dict[str, float]:
     """Does the policy read its label? On the first observation of ``frames`` held-out episodes
-    (the evaluation's layouts), the mean L2 distance between action chunks (normalized space)
+    (the evaluation's layouts), the mean L2 distance between action chunks (normalized space,
+    the action's own dims)
     sampled with the same noise from the positive prompt and the plain one
     (``positive_vs_plain``), the negative one (``positive_vs_negative``; omitted for
     ``positive_only_conditional``, which never saw it), and, as the scale of "no effect", from
@@ -198,8 +199,10 @@ def conditioning_sensitivity(
             return model.sample_actions(batch, eps, beta, num_steps, guidance=kind,
                                         positive_only=positive_only)  # fmt: skip
 
+    dims = len(data.stats["action"].q01)  # the robot's action dims, not the zero padding
+
     def distance(a: torch.Tensor, b: torch.Tensor) -> float:
-        return float((a - b).flatten(1).norm(dim=1).mean())
+        return float((a - b)[..., :dims].flatten(1).norm(dim=1).mean())
 
     positive = sample(1.0, "positive", noise)
     out = {"positive_vs_plain": distance(positive, sample(0.0, "positive", noise))}

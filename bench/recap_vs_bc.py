@@ -1,0 +1,271 @@
+"""Is RECAP better than behaviour cloning on the demo task? Several seeds, intervals, controls.
+
+One value model and one Step 3 labelling (the demo's, `gin/demo/*.gin`), then for each training
+seed the same policy, data and budget trained four ways and evaluated on the same held-out
+episodes (layouts from `evaluate_policy.seed`, paired episode by episode):
+
+- ``bc``: behaviour cloning on every frame (``demo/policy_bc.gin``), beta 1;
+- ``recap``: advantage-conditioned (paper mode, label dropout 0.3), beta 1 and 2;
+- ``oracle``: the same with labels = the episode's outcome (``recap.core.oracle``): no value
+  model involved, so if it does not beat BC the conditioning path or the setting is at fault;
+- ``filtered``: behaviour cloning on the positive frames only (``conditioning = "filtered"``).
+
+The seed is ``train.seed`` (model init, data order, and through ``policy_data.seed``'s default the
+label dropout and mixture). Per arm and seed the success rate; per comparison with BC the mean
+difference and its 95% interval from a paired two-level bootstrap (seeds, then episodes:
+``recap.core.bootstrap``); the conditioning-sensitivity probe of each conditioned policy (mean
+action distance positive vs plain / negative prompt, against two noises of one prompt). A PNG of
+the per-seed results and the table go to MLflow (experiment ``bench``). Finished runs are reused
+(each run directory keeps its ``closed_loop.json``), so an interrupted benchmark continues.
+
+    python bench/recap_vs_bc.py                         # 3 seeds x 200 episodes, 4,000 steps
+    python bench/recap_vs_bc.py --seeds 0 1 2 3 4 --episodes 300
+    python bench/recap_vs_bc.py --quick                 # the machinery on a tiny budget
+
+Cost on 2 CPU cores: ~8 min per policy training at 4,000 steps (2 ranks), so the default
+(4 arms x 3 seeds) is ~1.6 h plus the evaluations; ``--arms bc recap`` halves it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from recap.core.bootstrap import paired_bootstrap, rate_interval
+from recap.engine.distributed import free_port
+
+ARMS = {
+    "bc": (["demo/policy_bc.gin"], []),
+    "recap": (["demo/policy.gin"], []),
+    "oracle": (["demo/policy.gin"], ['policy_data.advantages_tag = "oracle"']),
+    "filtered": (["demo/policy.gin"], ['policy_data.conditioning = "filtered"']),
+}
+CONDITIONED = ("recap", "oracle")
+TARGET = "RECAP(beta=1) - BC >= 15 points, 95% CI excluding 0, >= 3 seeds x >= 200 episodes"
+DATASETS = ("sft", "rollout")
+
+
+def run(cmd: list[str], log: Path) -> None:
+    """Run a step, its output to ``log``; a failure prints the log's tail and stops the bench."""
+    env = {**os.environ, "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu"),
+           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}  # fmt: skip
+    with log.open("a") as out:
+        code = subprocess.call(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    if code != 0:
+        tail = log.read_text().splitlines()[-30:]
+        sys.exit(f"error: {' '.join(cmd[:6])} ... failed ({code}); last lines of {log}:\n"
+                 + "\n".join(tail))  # fmt: skip
+
+
+def gin_args(files: list[str], params: list[str]) -> list[str]:
+    return [a for f in files for a in ("--gin_file", f)] + [
+        a for p in params for a in ("--gin_param", p)
+    ]
+
+
+def distributed(module: str, ranks: int) -> list[str]:
+    if ranks == 1:
+        return [sys.executable, "-m", module]
+    return ["deepspeed", "--num_gpus", str(ranks), "--master_port", str(free_port()),
+            "--module", module]  # fmt: skip
+
+
+def prepare(work: Path, args, log: Path) -> None:
+    """Demo data, Step 1, the value model, Step 3 (tag ``demo``) and the oracle labels."""
+    if not (work / "demo_data" / "sft").is_dir():
+        run([sys.executable, "-m", "recap.commands.make_demo_data", "--out", "demo_data"], log)
+    run([sys.executable, "-m", "recap.commands.compute_returns",
+         *gin_args(["demo/returns.gin"], [])], log)  # fmt: skip
+    value = [f"train.max_steps = {args.value_steps}"]
+    if not (work / "runs" / "demo_value" / "model.safetensors").is_file():
+        run(distributed("recap.commands.train", args.ranks)
+            + gin_args(["demo/value.gin"], value), log)  # fmt: skip
+    if not (work / "demo_data" / "rollout" / "meta" / "advantages_demo.parquet").is_file():
+        run([sys.executable, "-m", "recap.commands.compute_advantages",
+             *gin_args(["demo/advantages.gin"], [])], log)  # fmt: skip
+    write_oracle(work / "demo_data")
+
+
+def write_oracle(data: Path) -> None:
+    """``advantages_oracle``: the demo tag's table with labels = each episode's outcome."""
+    from recap.core.oracle import outcome_labels
+    from recap.data import sidecars
+
+    for name in DATASETS:
+        table, record = sidecars.read_advantages(data / name, "demo")
+        returns, _ = sidecars.read_returns(data / name, "")
+        labels = outcome_labels(table, returns)
+        positive = float(np.mean(labels.column("advantage").to_numpy(zero_copy_only=False)))
+        record = {**record, "labels": "episode outcome", "positive_fraction": positive}
+        source = sidecars.dataset_source(data / name)
+        sidecars.write_advantages(data / name, "oracle", labels, record, source)
+
+
+def train_and_evaluate(work: Path, arm: str, seed: int, args, log: Path) -> dict:
+    """The arm's policy for ``seed`` (reused when its evaluation exists) and its record."""
+    files, extra = ARMS[arm]
+    run_dir = f"runs/{arm}_s{seed}_{args.steps}"
+    params = [*extra, f"train.seed = {seed}", f'train.run_dir = "{run_dir}"',
+              f"train.max_steps = {args.steps}", "deepspeed_config.zero_stage = 1",
+              f"train.save_every = {args.steps}"]  # fmt: skip
+    record_path = work / run_dir / "closed_loop.json"
+    if record_path.is_file():
+        record = json.loads(record_path.read_text())
+        if record["num_episodes"] == args.episodes and "outcomes" in record:
+            return record
+    if not (work / run_dir / "model.safetensors").is_file():
+        start = time.perf_counter()
+        run(distributed("recap.commands.train", args.ranks) + gin_args(files, params), log)
+        print(f"  {arm} seed {seed}: trained in {time.perf_counter() - start:.0f} s", flush=True)
+    betas = "[1.0]" if arm not in CONDITIONED else "[" + ", ".join(map(str, args.betas)) + "]"
+    evaluation = [*params, f"evaluate_policy.num_episodes = {args.episodes}",
+                  f"evaluate_policy.betas = {betas}"]  # fmt: skip
+    start = time.perf_counter()
+    run([sys.executable, "-m", "recap.commands.evaluate_policy", *gin_args(files, evaluation)], log)
+    print(f"  {arm} seed {seed}: evaluated in {time.perf_counter() - start:.0f} s", flush=True)
+    return json.loads(record_path.read_text())
+
+
+def outcomes(records: dict, arm: str, beta: float, seeds: list[int]) -> np.ndarray:
+    key = f"beta_{float(beta):g}"
+    return np.array([records[(arm, s)]["outcomes"][key] for s in seeds], dtype=np.float64)
+
+
+def summarize(records: dict, args) -> tuple[list[str], dict]:
+    """The table's lines and the figures (rates, differences with intervals, probes)."""
+    seeds = list(args.seeds)
+    bc = outcomes(records, "bc", 1.0, seeds)
+    arms = [("bc", 1.0)] + [(a, b) for a in args.arms if a in CONDITIONED for b in args.betas]
+    arms += [("filtered", 1.0)] if "filtered" in args.arms else []
+    lines = ["arm            | " + " | ".join(f"seed {s}" for s in seeds)
+             + " | mean  | 95% interval   | vs BC (95% interval)"]  # fmt: skip
+    figures: dict = {"arms": {}}
+    for arm, beta in arms:
+        won = outcomes(records, arm, beta, seeds)
+        rate = rate_interval(won)
+        name = f"{arm} b={beta:g}"
+        row = f"{name:<14} | " + " | ".join(f"{r:6.3f}" for r in won.mean(1))
+        row += f" | {rate.mean:.3f} | [{rate.low:.3f}, {rate.high:.3f}]"
+        entry = {"per_seed": won.mean(1).tolist(), "mean": rate.mean,
+                 "interval": [rate.low, rate.high]}  # fmt: skip
+        if arm != "bc":
+            diff = paired_bootstrap(won, bc)
+            row += f" | {diff.mean:+.3f} [{diff.low:+.3f}, {diff.high:+.3f}]"
+            entry["vs_bc"] = {"mean": diff.mean, "interval": [diff.low, diff.high]}
+        lines.append(row)
+        figures["arms"][name] = entry
+    for arm in (a for a in args.arms if a in CONDITIONED):
+        probes = [records[(arm, s)].get("sensitivity", {}) for s in seeds]
+        keys = sorted({k for p in probes for k in p})
+        text = ", ".join(f"{k} {np.mean([p[k] for p in probes]):.4f}" for k in keys)
+        lines.append(f"sensitivity {arm} (mean over seeds): {text}")
+        figures[f"sensitivity_{arm}"] = {k: float(np.mean([p[k] for p in probes])) for k in keys}
+    return lines, figures
+
+
+def figure(figures: dict, seeds: list[int], path: Path) -> None:
+    from recap.viz import _pyplot
+
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 4))
+    names = list(figures["arms"])
+    for k, name in enumerate(names):
+        entry = figures["arms"][name]
+        ax.scatter([k] * len(seeds), entry["per_seed"], color="grey", s=18, zorder=2)
+        low, high = entry["interval"]
+        ax.errorbar(
+            [k],
+            [entry["mean"]],
+            yerr=[[entry["mean"] - low], [high - entry["mean"]]],
+            fmt="o",
+            color="C0" if name.startswith("bc") else "C1",
+            capsize=5,
+            zorder=3,
+        )
+    ax.set_xticks(range(len(names)), names, rotation=20)
+    ax.set_ylabel("success rate")
+    ax.set_title(f"demo closed loop: per-seed rates (grey), mean and 95% interval, seeds {seeds}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def track(figures: dict, lines: list[str], png: Path, args, work: Path) -> None:
+    """The figures, the table and the PNG as one MLflow run (experiment ``bench``)."""
+    from recap.engine.tracking import Tracker
+
+    tracker = Tracker(experiment="bench", run_name="recap_vs_bc")
+    tracker.start(work / "runs" / "bench_record", "recap_vs_bc",
+                  tags={"seeds": str(args.seeds), "episodes": str(args.episodes)})  # fmt: skip
+    metrics = {}
+    for name, entry in figures["arms"].items():
+        key = name.replace(" ", "_").replace("=", "")
+        metrics[f"{key}/mean"] = entry["mean"]
+        if "vs_bc" in entry:
+            metrics[f"{key}/vs_bc"] = entry["vs_bc"]["mean"]
+            metrics[f"{key}/vs_bc_low"], metrics[f"{key}/vs_bc_high"] = entry["vs_bc"]["interval"]
+    tracker.log_metrics(metrics, step=args.steps)
+    tracker.log_text("\n".join(lines) + "\n", "recap_vs_bc.txt")
+    tracker.log_dict(figures, "recap_vs_bc.json")
+    tracker.log_png(png)
+    tracker.finish()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--work", default="runs/bench_recap_vs_bc", help="working directory")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--episodes", type=int, default=200)
+    parser.add_argument("--steps", type=int, default=4000, help="policy training steps")
+    parser.add_argument("--value_steps", type=int, default=500)
+    parser.add_argument("--betas", type=float, nargs="+", default=[1.0, 2.0])
+    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--quick", action="store_true", help="tiny budget: check the machinery")
+    args = parser.parse_args()
+    if args.quick:
+        args.seeds, args.episodes, args.steps, args.value_steps = [0, 1], 8, 20, 20
+    if "bc" not in args.arms:
+        args.arms = ["bc", *args.arms]
+    work = Path(args.work).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    os.chdir(work)  # the demo gin files read demo_data/ and write runs/ relative to here
+    log = work / "bench.log"
+    start = time.perf_counter()
+    print(f"recap_vs_bc: {len(args.arms)} arms x {len(args.seeds)} seeds, {args.steps} steps, "
+          f"{args.episodes} episodes; log {log}", flush=True)  # fmt: skip
+    prepare(work, args, log)
+    records = {(arm, seed): train_and_evaluate(work, arm, seed, args, log)
+               for seed in args.seeds for arm in args.arms}  # fmt: skip
+    lines, figures = summarize(records, args)
+    print("\n".join(lines))
+    png = work / "recap_vs_bc.png"
+    figure(figures, args.seeds, png)
+    (work / "recap_vs_bc.json").write_text(json.dumps(figures, indent=2) + "\n")
+    track(figures, lines, png, args, work)
+    recap, bc = figures["arms"]["recap b=1"], figures["arms"]["bc b=1"]
+    diff = recap["vs_bc"]
+    met = (diff["mean"] >= 0.15 and diff["interval"][0] > 0 and len(args.seeds) >= 3
+           and args.episodes >= 200)  # fmt: skip
+    extra = ""
+    if "oracle b=1" in figures["arms"]:
+        oracle = figures["arms"]["oracle b=1"]["vs_bc"]
+        extra = f"oracle_b1_minus_bc={oracle['mean']:+.3f} oracle_ci=[{oracle['interval'][0]:+.3f},{oracle['interval'][1]:+.3f}] "  # noqa: E501
+    print(f"RESULT: seeds={len(args.seeds)} episodes={args.episodes} steps={args.steps} "
+          f"bc={bc['mean']:.3f} recap_b1={recap['mean']:.3f} "
+          f"recap_over_bc={recap['mean'] / max(bc['mean'], 1e-9):.2f} "
+          f"recap_b1_minus_bc={diff['mean']:+.3f} "
+          f"ci=[{diff['interval'][0]:+.3f},{diff['interval'][1]:+.3f}] {extra}"
+          f"wall_s={time.perf_counter() - start:.0f} "
+          f'target="{TARGET}" met={"yes" if met else "no"}')  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
