@@ -3,19 +3,24 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.recap-installed
+# The field's stack (torch 2.6, constraints-field.txt) in a venv of its own: `make test-field`.
+FIELD_VENV := .venv-field
+FIELD_PY := $(FIELD_VENV)/bin/python
+FIELD_STAMP := $(FIELD_VENV)/.recap-installed
 DEMO_DATA := demo_data
 export DS_ACCELERATOR ?= cpu
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export MLFLOW_TRACKING_URI ?= sqlite:///mlflow.db
 
-.PHONY: demo test test-slow lint bench clean
+.PHONY: demo test test-slow test-field lint bench clean
 
 $(STAMP): setup.py constraints-cpu.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -c constraints-cpu.txt -e '.[dev,viz]'
+	$(PY) -m pip install -q --no-deps -c constraints-cpu.txt openpi-client  # tests/serve; see setup.py
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -24,6 +29,19 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests
+
+# Not part of `make test` / CI: PyPI's torch 2.6.0 for x86_64 is the CUDA build (3 GB of
+# wheels, 6.4 GB installed; it runs on the CPU), and the suite runs as long as `make test`.
+$(FIELD_STAMP): setup.py constraints-field.txt
+	test -x $(FIELD_PY) || $(PYTHON) -m venv $(FIELD_VENV)
+	$(FIELD_PY) -m pip install -q --upgrade pip setuptools  # bdist_wheel: tests/test_install.py
+	$(FIELD_PY) -m pip install -q -c constraints-field.txt torch
+	$(FIELD_PY) -m pip install -q -c constraints-field.txt -e '.[dev,viz]'
+	$(FIELD_PY) -m pip install -q --no-deps -c constraints-field.txt openpi-client
+	touch $(FIELD_STAMP)
+
+test-field: $(FIELD_STAMP)
+	$(FIELD_PY) -m pytest -q tests
 
 test-slow: $(STAMP)
 	RECAP_SLOW=1 $(PY) -m pytest -q -s -m slow tests/slow
@@ -42,6 +60,7 @@ bench: $(STAMP)
 	$(PY) bench/value_data.py
 	$(PY) bench/value_inference.py
 	$(PY) bench/real_size.py
+	$(PY) bench/serve.py
 
 clean:
-	rm -rf $(VENV) $(DEMO_DATA) mlflow.db mlruns runs .pytest_cache
+	rm -rf $(VENV) $(FIELD_VENV) $(DEMO_DATA) mlflow.db mlruns runs .pytest_cache

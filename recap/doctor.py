@@ -73,6 +73,55 @@ def check_torch_npu(torch_version: str, npu_version: str | None, cann: str | Non
     return Check(OK, name, found)
 
 
+# The combinations recap's test suite passes on: the CPU stack (constraints-cpu.txt, `make test`,
+# CI) and the field stack (constraints-field.txt, `make test-field`); tests/test_doctor.py keeps
+# these equal to the files. The Ascend pair is the field's image (/work/shared/ASCEND.md: the
+# rlinf CANN 9.0 image, torch 2.6.0+cpu + torch-npu 2.6.0), which runs the field stack's torch.
+TESTED_STACKS = {
+    "the CPU stack, constraints-cpu.txt": {
+        "torch": "2.13.0", "deepspeed": "0.19.8", "transformers": "5.24.0"},
+    "the field stack, constraints-field.txt": {
+        "torch": "2.6.0", "deepspeed": "0.19.8", "transformers": "5.24.0"},
+}  # fmt: skip
+ASCEND_PAIR = {"torch": "2.6.0", "torch-npu": "2.6.0"}
+FIELD = "the field stack, constraints-field.txt"
+
+
+def _release(version: str) -> str:
+    """``2.6.0`` of ``2.6.0+cpu`` and of ``2.6.0.post3`` (a local build, a packaging fix)."""
+    return version.split("+")[0].split(".post")[0]
+
+
+def _matches(versions: dict[str, str | None], pins: dict[str, str]) -> bool:
+    return all(versions.get(k) and _release(versions[k]) == v for k, v in pins.items())
+
+
+def _pins(pins: dict[str, str]) -> str:
+    return " + ".join(f"{k} {v}" for k, v in pins.items())
+
+
+def check_tested_versions(versions: dict[str, str | None]) -> Check:
+    """torch / torch-npu / DeepSpeed / transformers against the combinations recap is tested
+    with (``TESTED_STACKS``, ``ASCEND_PAIR``); an untested one is a warning, never blocking."""
+    name = "tested versions"
+    keys = ("torch", "torch-npu", "deepspeed", "transformers")
+    found = ", ".join(f"{k} {versions.get(k) or 'absent'}" for k in keys)
+    tested = "; ".join(f"{_pins(pins)} ({where})" for where, pins in TESTED_STACKS.items())
+    tested += f"; {_pins(ASCEND_PAIR)} (the Ascend pair, with the field stack)"
+    if versions.get("torch-npu"):
+        if not _matches(versions, ASCEND_PAIR):
+            return Check(WARN, name, found, f"untested combination; tested: {tested}")
+        field = {k: v for k, v in TESTED_STACKS[FIELD].items() if k != "torch"}
+        if not _matches(versions, field):
+            return Check(WARN, name, found + " (the Ascend pair, other libraries untested)",
+                         f"install {_pins(field)} ({FIELD})")  # fmt: skip
+        return Check(OK, name, found + f" (the Ascend pair with {FIELD})")
+    for where, pins in TESTED_STACKS.items():
+        if _matches(versions, pins):
+            return Check(OK, name, f"{found} ({where})")
+    return Check(WARN, name, found, f"untested combination; tested: {tested}")
+
+
 def check_tensorflow(tf_installed: bool, numpy_version: str) -> Check:
     name = "TensorFlow beside NumPy"
     found = f"tensorflow {'installed' if tf_installed else 'absent'}, numpy {numpy_version}"
@@ -125,6 +174,14 @@ def run_checks() -> list[Check]:
     checks = [
         check_torch_npu(
             torch.__version__, version_of("torch-npu") or version_of("torch_npu"), cann_version()
+        ),
+        check_tested_versions(
+            {
+                "torch": torch.__version__,
+                "torch-npu": version_of("torch-npu") or version_of("torch_npu"),
+                "deepspeed": version_of("deepspeed"),
+                "transformers": version_of("transformers"),
+            }
         ),
         check_tensorflow(importlib.util.find_spec("tensorflow") is not None, numpy.__version__),
         check_offline(dict(os.environ)),

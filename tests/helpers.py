@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -49,3 +52,69 @@ def launch_env(root: Path) -> dict[str, str]:
         TOKENIZERS_PARALLELISM="false",
     )
     return env
+
+
+def world_info(hosts: dict[str, list[int]]) -> str:
+    """DeepSpeed's runner encoding of ``{host: [local device ids]}`` for ``launch --world_info``."""
+    import base64
+    import json
+
+    return base64.urlsafe_b64encode(json.dumps(hosts).encode()).decode()
+
+
+def launch_two_nodes(args: list[str], cwd: Path, logs: Path, timeout: int = 600) -> list[str]:
+    """``deepspeed ARGS`` (``--module MODULE ...`` or ``SCRIPT ...``) as two simulated nodes of
+    one rank each: the per-node launcher DeepSpeed's runner starts on every host
+    (``deepspeed.launcher.launch --node_rank N``), twice on this machine, master on loopback, so
+    the second node's process is global rank 1 with local rank 0. Asserts both exit 0; returns
+    the two nodes' logs (also in ``{logs}.node0.log`` / ``.node1.log``)."""
+    import subprocess
+    import sys
+
+    from recap.engine.distributed import free_port
+
+    info, port = world_info({"node0": [0], "node1": [0]}), free_port()
+    paths = [logs.with_name(f"{logs.name}.node{node}.log") for node in (0, 1)]
+    procs = []
+    try:
+        for node, path in enumerate(paths):
+            cmd = [sys.executable, "-m", "deepspeed.launcher.launch", f"--world_info={info}",
+                   f"--node_rank={node}", "--master_addr=127.0.0.1", f"--master_port={port}",
+                   *args]  # fmt: skip
+            with open(path, "w") as log:  # the child keeps its own descriptor
+                procs.append(subprocess.Popen(cmd, cwd=cwd, env=launch_env(cwd), stdout=log,
+                                              stderr=subprocess.STDOUT))  # fmt: skip
+        codes = [proc.wait(timeout=timeout) for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    texts = [path.read_text() for path in paths]
+    assert codes == [0, 0], f"two-node run failed {codes}:\n{texts[0][-3000:]}\n{texts[1][-3000:]}"
+    return texts
+
+
+@contextlib.contextmanager
+def one_rank_here(stdout: io.StringIO | None = None) -> Iterator[None]:
+    """Run a distributed step as one rank in this process, as a launched rank would: no
+    launcher variables, the CPU accelerator, one torch thread (OMP_NUM_THREADS=1 of the
+    launcher); gin cleared before and after, the process group torn down, stdout captured."""
+    import gin
+    import pytest
+    import torch
+
+    threads = torch.get_num_threads()
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(stdout or io.StringIO()):
+        for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+            mp.delenv(key, raising=False)
+        mp.setenv("DS_ACCELERATOR", "cpu")
+        torch.set_num_threads(1)
+        gin.clear_config()
+        try:
+            yield
+        finally:
+            torch.set_num_threads(threads)
+            gin.clear_config()
+            if torch.distributed.is_initialized():
+                torch.distributed.destroy_process_group()

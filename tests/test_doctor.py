@@ -2,14 +2,19 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from recap.doctor import (
+    ASCEND_PAIR,
     FAIL,
     OK,
+    TESTED_STACKS,
     WARN,
     Check,
     cann_version,
     check_offline,
     check_tensorflow,
+    check_tested_versions,
     check_torch_npu,
     report,
 )
@@ -61,4 +66,72 @@ def test_script_on_this_machine():
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert "[OK  ] communication backend: gloo" in done.stdout
+    assert "[OK  ] tested versions: torch " in done.stdout  # make test and make test-field
     assert "[OK  ] hub access" in done.stdout and done.stdout.strip().endswith("ready")
+
+
+TESTED = (
+    "tested: torch 2.13.0 + deepspeed 0.19.8 + transformers 5.24.0 (the CPU stack, "
+    "constraints-cpu.txt); torch 2.6.0 + deepspeed 0.19.8 + transformers 5.24.0 (the field "
+    "stack, constraints-field.txt); torch 2.6.0 + torch-npu 2.6.0 (the Ascend pair, with the "
+    "field stack)"
+)
+
+
+@pytest.mark.parametrize(
+    "versions, line",
+    [
+        (
+            ("2.13.0+cpu", None, "0.19.8", "5.24.0"),
+            "[OK  ] tested versions: torch 2.13.0+cpu, torch-npu absent, deepspeed 0.19.8, "
+            "transformers 5.24.0 (the CPU stack, constraints-cpu.txt)",
+        ),
+        (
+            ("2.6.0", None, "0.19.8", "5.24.0"),
+            "[OK  ] tested versions: torch 2.6.0, torch-npu absent, deepspeed 0.19.8, "
+            "transformers 5.24.0 (the field stack, constraints-field.txt)",
+        ),
+        (
+            ("2.6.0+cpu", "2.6.0.post3", "0.19.8", "5.24.0"),
+            "[OK  ] tested versions: torch 2.6.0+cpu, torch-npu 2.6.0.post3, deepspeed 0.19.8, "
+            "transformers 5.24.0 (the Ascend pair with the field stack, constraints-field.txt)",
+        ),
+        (
+            ("2.6.0+cpu", "2.6.0", "0.16.4", "5.20.2"),
+            "[WARN] tested versions: torch 2.6.0+cpu, torch-npu 2.6.0, deepspeed 0.16.4, "
+            "transformers 5.20.2 (the Ascend pair, other libraries untested) -> install "
+            "deepspeed 0.19.8 + transformers 5.24.0 (the field stack, constraints-field.txt)",
+        ),
+        (
+            ("2.7.1", "2.7.1", "0.19.8", "5.24.0"),
+            "[WARN] tested versions: torch 2.7.1, torch-npu 2.7.1, deepspeed 0.19.8, "
+            f"transformers 5.24.0 -> untested combination; {TESTED}",
+        ),
+        (
+            ("2.13.0+cpu", None, "0.19.8", "5.25.0"),
+            "[WARN] tested versions: torch 2.13.0+cpu, torch-npu absent, deepspeed 0.19.8, "
+            f"transformers 5.25.0 -> untested combination; {TESTED}",
+        ),
+    ],
+)
+def test_tested_versions_line(versions, line):
+    keys = ("torch", "torch-npu", "deepspeed", "transformers")
+    assert check_tested_versions(dict(zip(keys, versions, strict=True))).line() == line
+
+
+def pins(path) -> dict[str, str]:
+    lines = (line.split("#")[0].strip() for line in path.read_text().splitlines())
+    return dict(line.split("==") for line in lines if line)
+
+
+def test_tested_stacks_are_the_constraint_files():
+    for where, stack in TESTED_STACKS.items():
+        pinned = pins(REPO / where.split(", ")[1])
+        assert stack == {k: pinned[k] for k in ("torch", "deepspeed", "transformers")}, where
+    assert TESTED_STACKS["the field stack, constraints-field.txt"]["torch"] == ASCEND_PAIR["torch"]
+
+
+def test_the_field_stack_differs_from_the_cpu_stack_in_torch_only():
+    cpu, field = pins(REPO / "constraints-cpu.txt"), pins(REPO / "constraints-field.txt")
+    assert set(field) == set(cpu)  # a pin added to one file goes into the other too
+    assert {k for k in cpu if cpu[k] != field[k]} == {"torch"}

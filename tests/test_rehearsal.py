@@ -5,14 +5,20 @@ counts, batch sizes and worker counts only), pointed at ``recap.standins`` (LeRo
 in RLinf's published layout, a SigLIP and a Gemma3 directory as Hugging Face saves them, a
 PaliGemma SentencePiece file, a π0.5 checkpoint in openpi's layout), on 2 DeepSpeed CPU ranks:
 returns, value, advantages, policy and baseline all run, and what they export reloads in a plain
-process.
+process. Then value, advantages and policy run again as two simulated nodes (one rank each, the
+second node's global rank 1 as local rank 0) and reproduce the single-node run.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import shlex
+import shutil
+import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import gin
@@ -22,7 +28,7 @@ import pytest
 
 from recap.cli import parse_gin
 from recap.standins import write_standins
-from tests.helpers import REPO, launch_env, tree_hashes
+from tests.helpers import REPO, launch_env, launch_two_nodes, tree_hashes
 
 PIPELINE = "experiments/libero_pipeline.gin"
 TINY = "rehearsal/tiny.gin"
@@ -93,17 +99,23 @@ def rehearsal(tmp_path_factory):
     standins = write_standins(tmp / "standins")
     before = {p: tree_hashes(p) for p in (standins.sft, standins.train, standins.eval)}
     runs = tmp / "runs"
+    start = time.perf_counter()
+    done = rehearse(PIPELINE, standins, runs, tmp)
+    print(f"rehearsal wall time: {time.perf_counter() - start:.0f} s")
+    return standins, runs, done.stdout, before
+
+
+def rehearse(pipeline: str, standins, runs: Path, cwd: Path) -> subprocess.CompletedProcess:
+    """``pipeline`` + ``rehearsal/tiny.gin`` on the stand-ins, 2 CPU ranks, outputs under
+    ``runs``; the run must succeed (its output tails are the failure message)."""
     params = [f'all/include "{TINY}"', "pipeline.ranks = 2", f'pipeline.run_root = "{runs}"',
               *standins.bindings()]  # fmt: skip
-    argv = [sys.executable, "-m", "recap.commands.pipeline", "--gin_file", PIPELINE]
+    argv = [sys.executable, "-m", "recap.commands.pipeline", "--gin_file", pipeline]
     argv += [a for p in params for a in ("--gin_param", p)]
-    start = time.perf_counter()
-    done = subprocess.run(argv, cwd=tmp, env=launch_env(tmp), capture_output=True, text=True,
+    done = subprocess.run(argv, cwd=cwd, env=launch_env(cwd), capture_output=True, text=True,
                           timeout=900)  # fmt: skip
-    wall = time.perf_counter() - start
-    print(f"rehearsal wall time: {wall:.0f} s")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
-    return standins, runs, done.stdout, before
+    return done
 
 
 def run_dir(runs: Path, stage: str) -> Path:
@@ -205,3 +217,138 @@ def test_exports_reload_in_a_plain_process(rehearsal):
     # at lr <= 5e-5 move no weight by more than ~1.5e-4, a fresh init would differ by ~0.1
     assert 0 < counts["policy_max_step"] < 1e-3
     assert 0 < counts["baseline_max_step"] < 1e-3
+
+
+# ---- the same steps on two simulated nodes ----------------------------------------------------
+
+TWO_NODE_STAGES = ("value", "advantages", "policy")
+STEP_LINE = re.compile(r"^== \[\d+/\d+\] (\w+) \(\w+\): (.+)$")
+
+
+def stage_args(out: str) -> dict[str, list[str]]:
+    """Stage -> the ``--module MODULE --gin_file ... --gin_param ...`` part of the ``deepspeed``
+    command the pipeline printed and ran."""
+    found = {}
+    for line in out.splitlines():
+        match = STEP_LINE.match(line)
+        if match and match.group(1) in TWO_NODE_STAGES:
+            argv = shlex.split(match.group(2))
+            found[match.group(1)] = argv[argv.index("--module") :]
+    return found
+
+
+@pytest.fixture(scope="module")
+def two_nodes(rehearsal, tmp_path_factory):
+    """Value (ZeRO-3), Step 3 and the policy of the rehearsal rerun as 2 nodes x 1 rank (two
+    DeepSpeed per-node launchers, ``tests.helpers.launch_two_nodes``) with the commands the
+    pipeline ran, on a copy of the datasets (their advantages sidecars and records deleted) and
+    into a run root of their own; the stand-in models are shared."""
+    standins, runs, out, _ = rehearsal
+    tmp = tmp_path_factory.mktemp("rehearsal_two_nodes")
+    data, mine = tmp / "data", tmp / "runs"
+    shutil.copytree(standins.data, data)
+    for sidecar in [*data.glob("*/meta/advantages_*.parquet"), *data.glob("*/meta/mixture_*")]:
+        sidecar.unlink()
+    swap = {str(runs): str(mine), str(standins.data): str(data)}
+
+    def moved(arg: str) -> str:
+        for theirs, ours in swap.items():
+            arg = arg.replace(theirs, ours)
+        return arg
+
+    logs, walls = {}, {}
+    for stage, args in stage_args(out).items():
+        (mine / stage / run_dir(runs, stage).name).mkdir(parents=True)  # as the pipeline does
+        start = time.perf_counter()
+        logs[stage] = launch_two_nodes([moved(a) for a in args], tmp, tmp / stage, timeout=600)
+        walls[stage] = time.perf_counter() - start
+    print("two-node wall time: " + ", ".join(f"{k} {v:.0f} s" for k, v in walls.items()))
+    return {"tmp": tmp, "data": data, "runs": mine, "logs": logs, "walls": walls}
+
+
+def records(directory: Path) -> list[tuple[int, str]]:
+    lines = (directory / "metrics.jsonl").read_text().splitlines()
+    return [(r["step"], "eval" if any(k.startswith("eval/") for k in r) else "train")
+            for r in map(json.loads, lines)]  # fmt: skip
+
+
+def by_record(directory: Path) -> dict[tuple[int, str], dict]:
+    lines = (directory / "metrics.jsonl").read_text().splitlines()
+    return dict(zip(records(directory), map(json.loads, lines), strict=True))
+
+
+def test_two_nodes_run_every_step_with_global_rank_1_as_local_rank_0(two_nodes):
+    assert set(two_nodes["logs"]) == set(TWO_NODE_STAGES)
+    for stage, (node0, node1) in two_nodes["logs"].items():
+        assert "nnodes=2, num_local_procs=1, node_rank=0" in node0, stage
+        assert "nnodes=2, num_local_procs=1, node_rank=1" in node1, stage
+        assert "'node1': [1]" in node1, stage  # DeepSpeed's global_rank_mapping of node 1
+
+
+RANK0_LINES = {
+    "value": ("world=2 start_step=0", "value: step 3;"),
+    "advantages": ("on 2 ranks", "positives: ", "pictures: "),
+    "policy": ("world=2 start_step=0", "policy: step 3;"),
+}
+
+
+def test_two_nodes_do_every_rank0_action_once(rehearsal, two_nodes):
+    standins, runs, _, _ = rehearsal
+    mine = two_nodes["runs"]
+    for stage, (node0, node1) in two_nodes["logs"].items():  # the summaries: rank 0 alone
+        for text in RANK0_LINES[stage]:
+            assert node0.count(text) == 1 and text not in node1, (stage, text)
+    for stage in ("value", "policy"):
+        ours, theirs = run_dir(mine, stage), run_dir(runs, stage)
+        assert records(ours) == records(theirs)  # every metrics record once
+        assert len(set(records(ours))) == len(records(ours))
+        assert (ours / "checkpoints" / "latest").read_text().strip() == "step_3"
+        assert (ours / "model.safetensors").stat().st_size > 0
+        # each global rank wrote its own ZeRO-3 shard: the same files as on one node
+        shards = sorted(p.name for p in (ours / "checkpoints" / "step_3").rglob("*"))
+        assert shards == sorted(p.name for p in (theirs / "checkpoints" / "step_3").rglob("*"))
+        assert any("rank_1" in name for name in shards), shards
+    pictures = sorted(p.name for p in run_dir(mine, "advantages").glob("*.png"))
+    assert pictures == sorted(p.name for p in run_dir(runs, "advantages").glob("*.png"))
+    assert len(pictures) == 3
+    query = "SELECT e.name, r.name FROM runs r JOIN experiments e USING (experiment_id)"
+    with sqlite3.connect(two_nodes["tmp"] / "mlflow.db") as db:  # one MLflow run per step
+        names = sorted(db.execute(query).fetchall())
+    assert names == [("advantages", "libero/advantages"), ("pi05", "libero/policy"),
+                     ("value", "libero/value")]  # fmt: skip
+
+
+def test_two_nodes_write_the_single_node_sidecars_byte_for_byte(rehearsal, two_nodes):
+    standins, runs, _, _ = rehearsal
+    tag = f"adv_{run_dir(runs, 'advantages').name}"
+    value = {str(run_dir(runs, "value")): str(run_dir(two_nodes["runs"], "value"))}
+    for dataset in (standins.sft, standins.train):
+        ours = two_nodes["data"] / dataset.name / "meta"
+        sidecar = f"advantages_{tag}.parquet"
+        assert (ours / sidecar).read_bytes() == (dataset / "meta" / sidecar).read_bytes()
+        config = (dataset / "meta" / "mixture_config.yaml").read_text()
+        for theirs, mine in value.items():  # the record names the value model it used
+            config = config.replace(theirs, mine)
+        assert (ours / "mixture_config.yaml").read_text() == config
+    assert not list((two_nodes["data"] / standins.eval.name).glob("meta/advantages_*"))
+
+
+def test_two_nodes_reproduce_the_single_node_losses_and_weights(rehearsal, two_nodes):
+    from safetensors.torch import load_file
+
+    _, runs, _, _ = rehearsal
+    for stage in ("value", "policy"):
+        ours, theirs = by_record(run_dir(two_nodes["runs"], stage)), by_record(run_dir(runs, stage))
+        losses = 0
+        for key, record in theirs.items():
+            for name, number in record.items():
+                if "loss" in name:
+                    assert ours[key][name] == pytest.approx(number, rel=1e-6, abs=1e-9), (
+                        stage, key, name)  # fmt: skip
+                    losses += 1
+        assert losses >= 4, stage  # three training steps and the eval
+        mine = load_file(run_dir(two_nodes["runs"], stage) / "model.safetensors")
+        reference = load_file(run_dir(runs, stage) / "model.safetensors")
+        assert mine.keys() == reference.keys()
+        worst = max((mine[k].float() - v.float()).abs().max().item() for k, v in reference.items())
+        assert worst <= 1e-6, (stage, worst)

@@ -1,5 +1,6 @@
-"""Can this machine run recap? Accelerator, torch / torch-npu / CANN pairing, DeepSpeed backend,
-TensorFlow next to NumPy 2, hub access, free device memory; each problem says what to do.
+"""Can this machine run recap? Accelerator, torch / torch-npu / CANN pairing, torch / torch-npu /
+DeepSpeed / transformers against the tested combinations, DeepSpeed backend, TensorFlow next to
+NumPy 2, hub access, free device memory; each problem says what to do.
 
     recap-doctor        # exit 1 when a problem is blocking
 """

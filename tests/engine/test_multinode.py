@@ -1,23 +1,20 @@
 """Several nodes: the pipeline's multi-node options reach every ``deepspeed`` command, and the
 toy training on two simulated nodes (two DeepSpeed per-node launchers on this machine, one rank
 each, so the second node's rank is global rank 1 with local rank 0) does every rank-0-only action
-once and reproduces the single-node 2-rank run (``two_rank`` in conftest.py)."""
+once and reproduces the single-node 2-rank run (``two_rank`` in conftest.py). The real steps
+(value, Step 3, policy) on two simulated nodes: ``tests/test_rehearsal.py``."""
 
 from __future__ import annotations
 
-import base64
 import json
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from recap.engine.distributed import free_port
 from recap.errors import RecapError
 from tests.engine.conftest import COMMON, STEPS, read_metrics
-from tests.helpers import REPO, launch_env
+from tests.helpers import REPO, launch_two_nodes
 from tests.test_pipeline import LIBERO_PARAMS, libero_argv
 
 DISTRIBUTED = ("value", "advantages", "policy", "baseline")
@@ -99,50 +96,15 @@ def test_multinode_options_need_the_deepspeed_launcher(tmp_path):
 # ---- two simulated nodes ----------------------------------------------------------------------
 
 
-def world_info(hosts: dict[str, list[int]]) -> str:
-    """DeepSpeed's runner encoding of ``{host: [local device ids]}`` for ``launch --world_info``."""
-    return base64.urlsafe_b64encode(json.dumps(hosts).encode()).decode()
-
-
 @pytest.fixture(scope="module")
 def two_nodes(tmp_path_factory) -> dict:
     """The two_rank fixture's first training, as 2 nodes x 1 rank, both on this machine."""
     tmp = tmp_path_factory.mktemp("two_nodes")
     run_dir = tmp / "run"
     params = [*COMMON, f'train.run_dir = "{run_dir}"']
-    info = world_info({"node0": [0], "node1": [0]})
-    port = free_port()
-    procs = []
-    for node in (0, 1):
-        cmd = [
-            sys.executable,
-            "-m",
-            "deepspeed.launcher.launch",
-            f"--world_info={info}",
-            f"--node_rank={node}",
-            "--master_addr=127.0.0.1",
-            f"--master_port={port}",
-            "--module",
-            "recap.commands.train",
-            "--gin_file",
-            str(REPO / "gin/demo/toy.gin"),
-            *[a for p in params for a in ("--gin_param", p)],
-        ]
-        log = open(tmp / f"node{node}.log", "w")  # noqa: SIM115  # closed below
-        procs.append((subprocess.Popen(cmd, cwd=tmp, env=launch_env(tmp), stdout=log,
-                                       stderr=subprocess.STDOUT), log))  # fmt: skip
-    try:
-        codes = [proc.wait(timeout=300) for proc, _ in procs]
-    finally:
-        for proc, log in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            log.close()
-    logs = [(tmp / f"node{n}.log").read_text() for n in (0, 1)]
-    assert codes == [0, 0], (
-        f"two-node training failed {codes}:\n{logs[0][-3000:]}\n{logs[1][-3000:]}"
-    )
+    args = ["--module", "recap.commands.train", "--gin_file", str(REPO / "gin/demo/toy.gin"),
+            *[a for p in params for a in ("--gin_param", p)]]  # fmt: skip
+    logs = launch_two_nodes(args, tmp, tmp / "train", timeout=300)
     return {"tmp": tmp, "run_dir": run_dir, "logs": logs}
 
 
