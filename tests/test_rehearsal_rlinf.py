@@ -8,11 +8,8 @@ rlinf-value``) and a full Step 3 runs on the imported model (1 rank): the same a
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
-import subprocess
-import sys
 
 import gin
 import numpy as np
@@ -26,8 +23,8 @@ from recap.commands.import_rlinf import main as import_main
 from recap.config_check import bound
 from recap.standins import write_standins
 from recap.steps.compute_advantages import compute_advantages
-from tests.helpers import launch_env
-from tests.test_rehearsal import TINY, metrics, run_dir
+from tests.helpers import one_rank_here
+from tests.test_rehearsal import TINY, metrics, rehearse, run_dir
 
 PIPELINE = "experiments/rlinf_libero10_task0_pipeline.gin"
 STAGES = ["returns", "value", "advantages", "policy"]
@@ -91,14 +88,8 @@ def rlinf_rehearsal(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("rlinf_rehearsal")
     standins = write_standins(tmp / "standins")
     runs = tmp / "runs"
-    params = [f'all/include "{TINY}"', "pipeline.ranks = 2", f'pipeline.run_root = "{runs}"',
-              *standins.bindings()]  # fmt: skip
-    argv = [sys.executable, "-m", "recap.commands.pipeline", "--gin_file", PIPELINE]
-    argv += [a for p in params for a in ("--gin_param", p)]
     start = time.perf_counter()
-    done = subprocess.run(argv, cwd=tmp, env=launch_env(tmp), capture_output=True, text=True,
-                          timeout=900)  # fmt: skip
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    done = rehearse(PIPELINE, standins, runs, tmp)
     # the trained value model -> RLinf's full_weights.pt -> recap, then Step 3 on it (1 rank, in
     # this process: no launcher, no second interpreter)
     rlinf = tmp / "rlinf" / "full_weights.pt"
@@ -117,21 +108,9 @@ def rlinf_rehearsal(tmp_path_factory):
              f'compute_advantages.output_dir = "{tmp / "imported_advantages"}"',
              "Tracker.enabled = False"]  # fmt: skip
     out = io.StringIO()
-    threads = torch.get_num_threads()
-    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out):
-        for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-            mp.delenv(key, raising=False)
-        mp.setenv("DS_ACCELERATOR", "cpu")
-        torch.set_num_threads(1)  # as the launched ranks
-        gin.clear_config()
-        try:
-            parse_gin([EXP.format("advantages")], step3)
-            compute_advantages()
-        finally:
-            torch.set_num_threads(threads)
-            gin.clear_config()
-            if torch.distributed.is_initialized():
-                torch.distributed.destroy_process_group()
+    with one_rank_here(out):
+        parse_gin([EXP.format("advantages")], step3)
+        compute_advantages()
     print(f"RLinf rehearsal wall time: {time.perf_counter() - start:.0f} s")
     return standins, runs, done.stdout, rlinf, imported, out.getvalue()
 

@@ -3,7 +3,6 @@ this process, two ranks under the DeepSpeed launcher, relabeling, bad input."""
 
 from __future__ import annotations
 
-import contextlib
 import io
 import re
 import subprocess
@@ -35,7 +34,7 @@ from recap.models.value import value_model
 from recap.steps.compute_advantages import compute_advantages
 from recap.steps.compute_returns import compute_returns
 from recap.steps.relabel import relabel
-from tests.helpers import REPO, launch_env, tree_hashes
+from tests.helpers import REPO, launch_env, one_rank_here, tree_hashes
 
 ENTRIES = [
     {"name": "sft", "root": "sft", "type": "sft"},
@@ -58,21 +57,9 @@ def run_here(root: Path, **kwargs) -> str:
         **kwargs,
     }
     out = io.StringIO()
-    threads = torch.get_num_threads()
-    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out):
-        for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-            mp.delenv(key, raising=False)
-        mp.setenv("DS_ACCELERATOR", "cpu")
-        gin.clear_config()
+    with one_rank_here(out):
         gin.bind_parameter("Tracker.enabled", False)
-        torch.set_num_threads(1)  # as the launched ranks (OMP_NUM_THREADS=1)
-        try:
-            compute_advantages(**args)
-        finally:
-            torch.set_num_threads(threads)
-            gin.clear_config()
-            if torch.distributed.is_initialized():
-                torch.distributed.destroy_process_group()
+        compute_advantages(**args)
     return out.getvalue()
 
 
