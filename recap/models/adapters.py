@@ -330,14 +330,12 @@ def adapter_state(state: dict[str, torch.Tensor], config) -> dict[str, torch.Ten
 
 def save_adapter(state: dict[str, torch.Tensor], config, directory: str | os.PathLike) -> Path:
     """Write ``adapter_config.json`` and ``adapter_model.safetensors`` (peft's files)."""
-    from safetensors.torch import save_file
+    from recap.weights import save_safetensors
 
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().cpu().contiguous() for k, v in adapter_state(state, config).items()}
-    tmp = path / f".{ADAPTER_WEIGHTS}.tmp"
-    save_file(tensors, str(tmp), metadata={"format": "pt"})
-    os.replace(tmp, path / ADAPTER_WEIGHTS)
+    save_safetensors(tensors, path / ADAPTER_WEIGHTS, {"format": "pt"})
     payload = config.to_dict()
     payload = {k: sorted(v) if isinstance(v, set) else v for k, v in payload.items()}
     tmp = path / f".{ADAPTER_CONFIG}.tmp"
