@@ -45,6 +45,7 @@ from recap.core.advantages import (
     labeling_of,
 )
 from recap.core.normalize import GLOBAL, ReturnRange
+from recap.core.oracle import episode_success
 from recap.data.datasets import ValueDataset, read_return_range
 from recap.data.sidecars import (
     ADVANTAGES,
@@ -297,17 +298,10 @@ def split_datasets(labeled: pa.Table, counts: dict[str, int]) -> dict[str, pa.Ta
 # ---- what a person looks at: the positive split, pictures -------------------------------------
 
 
-def episode_outcomes(returns: pa.Table) -> tuple[np.ndarray, np.ndarray]:
-    """(episode ids int64[E], success bool[E]) of a returns sidecar: last reward 0 = success."""
-    episode = returns.column(C.EPISODE_INDEX).to_numpy()
-    last = np.append(episode[1:] != episode[:-1], True)
-    return episode[last], returns.column(C.REWARD).to_numpy()[last] == 0.0
-
-
 def report(plan: Plan, data, parts: dict, record: dict, out: Path, episodes: int, metrics: dict):
     """Print the positive split; pictures to ``out`` and MLflow (rank 0). A failing picture
     (e.g. matplotlib, the ``viz`` extra, missing) is a warning, never an error."""
-    outcomes = {s.name: episode_outcomes(r) for s, r in zip(plan.specs, plan.returns, strict=True)}
+    outcomes = {s.name: episode_success(r) for s, r in zip(plan.specs, plan.returns, strict=True)}
     metrics = print_summary(plan.tag, parts, outcomes, record) | metrics
     try:
         traces = viz.advantage_episodes(data, parts, outcomes, plan.returns, record, episodes)
