@@ -42,10 +42,9 @@ def save_safetensors(
     path: str | os.PathLike,
     metadata: dict[str, str] | None = None,
 ) -> Path:
-    """Write ``tensors`` to ``path`` (temporary file, then ``os.replace``; mode 0644)."""
+    """Write ``tensors`` to ``path`` atomically (``sidecars.write_atomic``; mode 0644)."""
+    from recap.data.sidecars import write_atomic
+
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(safetensors_bytes(tensors, metadata))
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    write_atomic({path: lambda tmp: tmp.write_bytes(safetensors_bytes(tensors, metadata))})
     return path

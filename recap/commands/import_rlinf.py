@@ -139,7 +139,6 @@ def export_value(directory, out) -> Path:
 def import_policy(source, out, base=None, variant="pi05_libero") -> Path:
     """Write ``out/model.safetensors`` (openpi layout), ``config.json``, ``recap_pi05.json`` and
     the base checkpoint's norm stats from RLinf's CFG policy checkpoint."""
-    import dataclasses
     import shutil
 
     import torch
@@ -148,7 +147,6 @@ def import_policy(source, out, base=None, variant="pi05_libero") -> Path:
     from recap.interop import rlinf
     from recap.models import checkpoints as ckpt
     from recap.models.pi05 import Pi05Config, build_pi05
-    from recap.weights import save_safetensors
 
     state = load_state(source)
     if base is not None:
@@ -163,11 +161,7 @@ def import_policy(source, out, base=None, variant="pi05_libero") -> Path:
         raise RecapError(f"{source}: {exc.message}") from exc
     stats = ckpt.find_norm_stats(base) if base is not None else None
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.contiguous() for k, v in tensors.items()}
-    save_safetensors(tensors, out / ckpt.WEIGHTS_FILE, {"format": "pt", "source": "rlinf"})
-    (out / ckpt.CONFIG_FILE).write_text(json.dumps(ckpt.foreign_config(config, ckpt.OPENPI)))
-    (out / ckpt.RECAP_CONFIG_FILE).write_text(json.dumps(dataclasses.asdict(config), indent=2))
+    ckpt.write_pi05_files(out, tensors, config, ckpt.OPENPI, {"source": "rlinf"})
     if stats is not None and stats.name == ckpt.NORM_STATS_FILE:
         dest = out / stats.relative_to(Path(base))
         dest.parent.mkdir(parents=True, exist_ok=True)

@@ -153,7 +153,6 @@ def save_exported(
     """Write ``state`` atomically as safetensors; tied aliases (and ``extra``) go in the
     metadata."""
     kept, tied = _untie(state)
-    path.parent.mkdir(parents=True, exist_ok=True)
     metadata = {"format": "pt", TIED_KEY: json.dumps(tied), "step": str(step), **(extra or {})}
     return save_safetensors(kept, path, metadata)
 

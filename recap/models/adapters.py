@@ -330,17 +330,19 @@ def adapter_state(state: dict[str, torch.Tensor], config) -> dict[str, torch.Ten
 
 def save_adapter(state: dict[str, torch.Tensor], config, directory: str | os.PathLike) -> Path:
     """Write ``adapter_config.json`` and ``adapter_model.safetensors`` (peft's files)."""
-    from recap.weights import save_safetensors
+    from recap.data.sidecars import write_atomic
+    from recap.weights import safetensors_bytes
 
     path = Path(directory)
-    path.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().cpu().contiguous() for k, v in adapter_state(state, config).items()}
-    save_safetensors(tensors, path / ADAPTER_WEIGHTS, {"format": "pt"})
     payload = config.to_dict()
     payload = {k: sorted(v) if isinstance(v, set) else v for k, v in payload.items()}
-    tmp = path / f".{ADAPTER_CONFIG}.tmp"
-    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True))
-    os.replace(tmp, path / ADAPTER_CONFIG)
+    text = json.dumps(payload, indent=2, sort_keys=True)
+    write_atomic({
+        path / ADAPTER_WEIGHTS: lambda tmp: tmp.write_bytes(
+            safetensors_bytes(tensors, {"format": "pt"})),
+        path / ADAPTER_CONFIG: lambda tmp: tmp.write_text(text),
+    })  # fmt: skip
     return path
 
 

@@ -271,21 +271,32 @@ def foreign_config(config: Pi05Config, layout: str) -> dict:
 
 def save_pi05(model: Pi05Policy, directory: str | os.PathLike, layout: str = OPENPI) -> Path:
     """Write ``model.safetensors`` (``file_state``), ``config.json`` and ``recap_pi05.json``
-    atomically (temporary files, then ``os.replace``); returns the weights path."""
+    atomically (``write_pi05_files``); returns the weights path."""
+    layout = _check_layout(layout)
+    return write_pi05_files(directory, file_state(model, layout), model.config, layout)
+
+
+def write_pi05_files(
+    directory: str | os.PathLike,
+    state: dict[str, torch.Tensor],
+    config: Pi05Config,
+    layout: str = OPENPI,
+    metadata: dict[str, str] | None = None,
+) -> Path:
+    """``state`` (keyed in ``layout``) as ``model.safetensors`` with ``config.json`` (the
+    layout's own config) and ``recap_pi05.json``, all or none replaced (``write_atomic``);
+    returns the weights path."""
+    from recap.data.sidecars import write_atomic
+
     path = Path(directory)
-    path.mkdir(parents=True, exist_ok=True)
-    state = {k: v.contiguous().cpu() for k, v in file_state(model, _check_layout(layout)).items()}
-    writes = {
-        WEIGHTS_FILE: lambda p: p.write_bytes(safetensors_bytes(state, {"format": "pt"})),
-        CONFIG_FILE: lambda p: p.write_text(json.dumps(foreign_config(model.config, layout))),
-        RECAP_CONFIG_FILE: lambda p: p.write_text(
-            json.dumps(dataclasses.asdict(model.config), indent=2)
-        ),
-    }
-    for name, write in writes.items():
-        tmp = path / f".{name}.tmp"
-        write(tmp)
-        os.replace(tmp, path / name)
+    tensors = {k: v.contiguous().cpu() for k, v in state.items()}
+    meta = {"format": "pt", **(metadata or {})}
+    write_atomic({
+        path / WEIGHTS_FILE: lambda p: p.write_bytes(safetensors_bytes(tensors, meta)),
+        path / CONFIG_FILE: lambda p: p.write_text(json.dumps(foreign_config(config, layout))),
+        path / RECAP_CONFIG_FILE: lambda p: p.write_text(
+            json.dumps(dataclasses.asdict(config), indent=2)),
+    })  # fmt: skip
     return path / WEIGHTS_FILE
 
 
