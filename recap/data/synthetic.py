@@ -294,8 +294,8 @@ def episode_outcomes(
     """bool[num_episodes]: success of each seeded episode (layout k of ``ReachEnv(seed)`` at
     position k, so two policies' outcomes pair episode by episode), batched as
     :func:`evaluate_batch`."""
-    sampler, successes = ReachEnv(seed, config), np.zeros(num_episodes, dtype=bool)
-    layouts = [sample_layout(sampler.rng, config) for _ in range(num_episodes)]
+    successes = np.zeros(num_episodes, dtype=bool)
+    layouts = seeded_layouts(num_episodes, seed, config)
     for start in range(0, num_episodes, batch_size):
         batch = layouts[start : start + batch_size]
         envs = [ReachEnv(0, config) for _ in batch]
@@ -309,6 +309,12 @@ def episode_outcomes(
                     live.remove(i)
                     successes[start + i] = success
     return successes
+
+
+def seeded_layouts(count: int, seed: int, config: ReachConfig = ReachConfig()) -> list[Layout]:
+    """The first ``count`` episode layouts of ``ReachEnv(seed)``: the evaluation's episodes."""
+    rng = ReachEnv(seed, config).rng
+    return [sample_layout(rng, config) for _ in range(count)]
 
 
 def stack_observations(observations: list[Observation]) -> Observation:

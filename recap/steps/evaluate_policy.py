@@ -38,7 +38,7 @@ from recap.data.synthetic import (
     ReachConfig,
     ReachEnv,
     episode_outcomes,
-    sample_layout,
+    seeded_layouts,
     stack_observations,
 )
 from recap.data.transforms import is_wrist, resize_frames
@@ -182,9 +182,7 @@ def conditioning_sensitivity(
     ``positive_only_conditional``, which never saw it), and, as the scale of "no effect", from
     the positive prompt with two different noises (``noise_reference``). A policy that ignores
     its label shows ~0 for the first two."""
-    env = ReachEnv(seed)
-    layouts = [sample_layout(env.rng, env.config) for _ in range(frames)]
-    obs = stack_observations([ReachEnv(0, env.config).reset(layout) for layout in layouts])
+    obs = stack_observations([ReachEnv(0).reset(layout) for layout in seeded_layouts(frames, seed)])
     positive_only = data.conditioning == "positive_only_conditional"
     adapter = PolicyAdapter(model, data, 1.0, num_steps, noise_seed,
                             "positive" if positive_only else "negative")  # fmt: skip
