@@ -352,7 +352,7 @@ class PolicyDataset(Dataset):
     def tokenize(self, texts: list[Prompt]) -> tuple[torch.Tensor, torch.Tensor]:
         """``(ids int64[n, L], mask bool[n, L])`` with L the longest prompt; each distinct text
         is tokenized once per process."""
-        from recap.data.transforms import tokenize_prompts
+        from recap.data.transforms import pad_token_rows, tokenize_prompts
 
         new = sorted({t for t in texts if t not in self._cache})
         if new:
@@ -360,13 +360,7 @@ class PolicyDataset(Dataset):
             self._cache.update(
                 {t: ids[k, : int(mask[k].sum())].tolist() for k, t in enumerate(new)}
             )
-        seqs = [self._cache[t] for t in texts]
-        length = max([len(s) for s in seqs] + [1])
-        ids = torch.zeros(len(seqs), length, dtype=torch.long)
-        mask = torch.zeros(len(seqs), length, dtype=torch.bool)
-        for k, seq in enumerate(seqs):
-            ids[k, : len(seq)], mask[k, : len(seq)] = torch.tensor(seq, dtype=torch.long), True
-        return ids, mask
+        return pad_token_rows([self._cache[t] for t in texts])
 
 
 @gin.configurable

@@ -161,6 +161,17 @@ def tokenize_prompts(
     return ids, mask
 
 
+def pad_token_rows(rows: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ids int64[n, L], mask bool[n, L])`` of token rows right-padded with 0 to the longest
+    (L >= 1)."""
+    length = max([len(r) for r in rows] + [1])
+    ids = torch.zeros(len(rows), length, dtype=torch.long)
+    mask = torch.zeros(len(rows), length, dtype=torch.bool)
+    for k, row in enumerate(rows):
+        ids[k, : len(row)], mask[k, : len(row)] = torch.tensor(row, dtype=torch.long), True
+    return ids, mask
+
+
 def to_unit_images(frames: np.ndarray | torch.Tensor) -> torch.Tensor:
     """uint8[N, H, W, 3] -> float32[N, 3, H, W] in [0, 1]."""
     frames = torch.as_tensor(np.asarray(frames) if not torch.is_tensor(frames) else frames)

@@ -50,7 +50,7 @@ from recap.data.conditioning import (
 from recap.data.datasets import NUM_SLOTS
 from recap.data.policy_data import CONDITIONING as CONDITIONINGS
 from recap.data.policy_data import PLAIN
-from recap.data.transforms import resize_frames
+from recap.data.transforms import pad_token_rows, resize_frames
 from recap.errors import RecapError
 from recap.models.pi05 import GUIDANCE, Pi05Policy
 from recap.serve.wire import find_bad
@@ -313,21 +313,13 @@ class ServedPolicy:
         }
         return Prepared(frames, mask, prompts, beta, noise)
 
-    def noise(self, seed: int) -> torch.Tensor:
-        """float32[H, A]: the noise of a request carrying ``noise_seed = seed``."""
-        generator = torch.Generator().manual_seed(int(seed))
+    def noise(self, seed: int | None) -> torch.Tensor:
+        """float32[H, A]: the noise of a request carrying ``noise_seed = seed``; without one,
+        the next draw of the server's own generator."""
+        generator = self.generator if seed is None else torch.Generator().manual_seed(int(seed))
         return torch.randn((self.horizon, self.model_action_dim), generator=generator)
 
     # ---- inference --------------------------------------------------------------------
-
-    @staticmethod
-    def _pad(rows: Sequence[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        length = max(len(r) for r in rows)
-        ids = torch.zeros(len(rows), length, dtype=torch.long)
-        mask = torch.zeros(len(rows), length, dtype=torch.bool)
-        for i, row in enumerate(rows):
-            ids[i, : len(row)], mask[i, : len(row)] = torch.tensor(row, dtype=torch.long), True
-        return ids, mask
 
     def model_batch(self, group: Sequence[Prepared]) -> dict[str, torch.Tensor]:
         """The ``sample_actions`` batch of requests sharing one beta."""
@@ -337,7 +329,7 @@ class ServedPolicy:
         }
         keys = {"guided": "input_ids", "negative": "neg_input_ids", "plain": "uncond_input_ids"}
         for name in group[0].prompts:
-            ids, mask = self._pad([p.prompts[name] for p in group])
+            ids, mask = pad_token_rows([p.prompts[name] for p in group])
             prefix = keys[name].removesuffix("input_ids")
             batch[keys[name]], batch[f"{prefix}attention_mask"] = ids, mask
         return {k: v.to(self.device) for k, v in batch.items()}
@@ -351,16 +343,7 @@ class ServedPolicy:
             by_beta.setdefault(request.beta, []).append(i)
         for beta, index in by_beta.items():
             group = [requests[i] for i in index]
-            noise = torch.stack(
-                [
-                    p.noise
-                    if p.noise is not None
-                    else torch.randn(
-                        (self.horizon, self.model_action_dim), generator=self.generator
-                    )
-                    for p in group
-                ]
-            )
+            noise = torch.stack([self.noise(None) if p.noise is None else p.noise for p in group])
             batch = self.model_batch(group)
             guidance = "no_guide" if self.conditioning in PLAIN else self.guidance
             chunk = self.model.sample_actions(
