@@ -84,6 +84,13 @@ class Activations:
     vision: float | None = None  # the vision stack's share of per_sample (None: unknown)
     vision_checkpointed: float | None = None
 
+    def gib_per_sample(self, checkpointing: bool) -> float:
+        """GiB per sample as trained: the checkpointed figure when checkpointing is on and the
+        model has one."""
+        if checkpointing and self.checkpointed is not None:
+            return self.checkpointed
+        return self.per_sample
+
     def without_vision(self) -> Activations:
         """The activations with the vision tower frozen (it saves nothing for backward: its
         input needs no gradient); unchanged when the vision share is unknown."""
@@ -349,8 +356,7 @@ class Plan:
 
     @property
     def per_sample_gb(self) -> float:
-        ckpt = self.activations.checkpointed
-        return ckpt if self.checkpointing and ckpt is not None else self.activations.per_sample
+        return self.activations.gib_per_sample(self.checkpointing)
 
     @property
     def activation_gb(self) -> float:
@@ -508,8 +514,7 @@ def plan_recipes(
         else:
             key = "full"
         acts = activations.without_vision() if recipe.freeze_vision else activations
-        ckpt = acts.checkpointed
-        per_sample = ckpt if checkpointing and ckpt is not None else acts.per_sample
+        per_sample = acts.gib_per_sample(checkpointing)
         states = zero3_model_states(counts[key], ranks, recipe.offload_optimizer,
                                     recipe.offload_param)  # fmt: skip
         plans.append(RecipePlan(recipe, counts[key], states, per_sample, device_gb, micro_cap,
