@@ -38,6 +38,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 from transformers import AutoModel, Gemma3TextConfig, SiglipVisionConfig
+from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
 
 from recap.data.transforms import frames_to_images
 from recap.errors import RecapError
@@ -247,20 +248,6 @@ class ValueModel(nn.Module):
         save_safetensors(state, path / WEIGHTS_FILE, {"format": "pt"})
 
 
-class Gemma1RMSNorm(nn.Module):
-    """Gemma RMSNorm ``x * rsqrt(mean(x^2) + eps) * (1 + w)``, computed in float32."""
-
-    def __init__(self, width: int, eps: float = GEMMA1_RMS_EPS):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.zeros(width))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = x.float()
-        y = y * torch.rsqrt(y.square().mean(-1, keepdim=True) + self.eps)
-        return (y * (1.0 + self.weight.float())).to(x.dtype)
-
-
 class Gemma1Layer(nn.Module):
     """A Gemma1 decoder layer's weights (``GemmaDecoderLayer`` names, no biases)."""
 
@@ -277,8 +264,8 @@ class Gemma1Layer(nn.Module):
             "up_proj": nn.Linear(width, mlp, bias=False),
             "down_proj": nn.Linear(mlp, width, bias=False),
         })  # fmt: skip
-        self.input_layernorm = Gemma1RMSNorm(width)
-        self.post_attention_layernorm = Gemma1RMSNorm(width)
+        self.input_layernorm = GemmaRMSNorm(width, GEMMA1_RMS_EPS)
+        self.post_attention_layernorm = GemmaRMSNorm(width, GEMMA1_RMS_EPS)
 
 
 class Gemma1Expert(nn.Module):
@@ -294,7 +281,7 @@ class Gemma1Expert(nn.Module):
         self.layers = nn.ModuleList(
             Gemma1Layer(width, mlp, heads, kv_heads, head_dim) for _ in range(depth)
         )
-        self.norm = Gemma1RMSNorm(width)
+        self.norm = GemmaRMSNorm(width, GEMMA1_RMS_EPS)
 
     def rope(self, position: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin float32[B, 1, D] at int64[B, 1] ``position`` (base 10000, Gemma halves)."""
