@@ -1,7 +1,9 @@
 """Frame decoding with PyAV: PNG bytes from parquet and mp4 (AV1 / H.264) random access.
 
-Decoded frames are ``frame.to_ndarray(format="rgb24")``: the same conversion LeRobot's pyav
-backend uses, so frames equal what LeRobot's reader returns, bit for bit.
+Decoded frames are converted to RGB as ``frame.to_ndarray(format="rgb24")`` does: the same
+conversion LeRobot's pyav backend uses, so frames equal what LeRobot's reader returns, bit for bit.
+One ``VideoReformatter`` per process does it: a frame's own reformatter builds a new swscale
+context for every frame of a freshly opened file, which cost 4x the conversion itself.
 
 Video random access keeps each file's container open (a small LRU in ``VideoCache``). To reach a
 frame it seeks to the keyframe at or before the target and decodes forward; a request for a later
@@ -18,10 +20,20 @@ from pathlib import Path
 
 import av
 import numpy as np
+from av.video.reformatter import VideoReformatter
 
 from recap.errors import DatasetError, located
 
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+_REFORMATTER: tuple[int, VideoReformatter] | None = None  # (pid, reformatter): never shared over fork
+
+
+def rgb24(frame: av.VideoFrame) -> np.ndarray:
+    """uint8[H, W, 3] of a decoded frame, as ``frame.to_ndarray(format="rgb24")``."""
+    global _REFORMATTER
+    if _REFORMATTER is None or _REFORMATTER[0] != os.getpid():
+        _REFORMATTER = (os.getpid(), VideoReformatter())
+    return _REFORMATTER[1].reformat(frame, format="rgb24").to_ndarray()
 _JPEG_MAGIC = b"\xff\xd8"
 
 
@@ -44,7 +56,7 @@ def decode_image(data: bytes, where: str) -> np.ndarray:
         ) from exc
     if not frames:
         raise DatasetError(located(where, f"empty {codec} image; re-export the dataset"))
-    return frames[0].to_ndarray(format="rgb24")
+    return rgb24(frames[0])
 
 
 class VideoFile:
@@ -86,7 +98,7 @@ class VideoFile:
             if not lo <= self._cur_time <= hi:
                 raise self._missing(t)
             if self._cur_rgb is None:
-                self._cur_rgb = self._cur.to_ndarray(format="rgb24")
+                self._cur_rgb = rgb24(self._cur)
         except (av.FFmpegError, ValueError, RuntimeError) as exc:
             if isinstance(exc, DatasetError):
                 raise
