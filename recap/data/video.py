@@ -25,7 +25,8 @@ from av.video.reformatter import VideoReformatter
 from recap.errors import DatasetError, located
 
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-_REFORMATTER: tuple[int, VideoReformatter] | None = None  # (pid, reformatter): never shared over fork
+_JPEG_MAGIC = b"\xff\xd8"
+_REFORMATTER: tuple[int, VideoReformatter] | None = None  # (pid, it): not shared over fork
 
 
 def rgb24(frame: av.VideoFrame) -> np.ndarray:
@@ -34,7 +35,6 @@ def rgb24(frame: av.VideoFrame) -> np.ndarray:
     if _REFORMATTER is None or _REFORMATTER[0] != os.getpid():
         _REFORMATTER = (os.getpid(), VideoReformatter())
     return _REFORMATTER[1].reformat(frame, format="rgb24").to_ndarray()
-_JPEG_MAGIC = b"\xff\xd8"
 
 
 def decode_image(data: bytes, where: str) -> np.ndarray:
