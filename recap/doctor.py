@@ -167,6 +167,22 @@ def check_accelerator() -> list[Check]:
     return checks
 
 
+def check_nvme_offload() -> Check:
+    """ZeRO-3 parameter offload to NVMe needs DeepSpeed's async_io op (libaio); a warning, since
+    only ``deepspeed_config.offload_param = "nvme"`` uses it."""
+    from recap.engine.deepspeed_config import AIO_FIX, async_io_missing
+
+    name = "NVMe parameter offload"
+    try:
+        missing = async_io_missing()
+    except Exception as exc:  # noqa: BLE001  (report, never crash)
+        return Check(WARN, name, f"DeepSpeed's async_io op could not be checked ({exc})", AIO_FIX)
+    if missing is None:
+        return Check(OK, name, "DeepSpeed's async_io op is available")
+    return Check(WARN, name, f'{missing}: deepspeed_config.offload_param = "nvme" fails here',
+                 AIO_FIX)  # fmt: skip
+
+
 def run_checks() -> list[Check]:
     import numpy
     import torch
@@ -188,7 +204,7 @@ def run_checks() -> list[Check]:
     ]
     ds = version_of("deepspeed")
     checks.append(Check(OK if ds else FAIL, "deepspeed", ds or "absent", "pip install deepspeed"))
-    return checks + check_accelerator()
+    return checks + check_accelerator() + [check_nvme_offload()]
 
 
 def report(checks: list[Check]) -> int:

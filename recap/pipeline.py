@@ -292,6 +292,13 @@ def plan(config: PipelineConfig, scoped: dict[str, list[str]]) -> dict[str, Plan
                 params.append(f'Tracker.sweep_name = "{config.sweep_name}"')
         _bindings_of(files, params, name)  # the final bindings parse too; queries below use them
         check_required(stage.entry, f"pipeline step {name}: ", f"{stage.step}/")
+        if stage.module == _TRAIN:  # NVMe parameter offload: can this machine swap at all?
+            from recap.engine.deepspeed_config import check_nvme_offload
+
+            try:
+                check_nvme_offload(bound("deepspeed_config.offload_param", "none"))
+            except RecapError as exc:
+                raise RecapError(f"pipeline step {name}: {exc}") from exc
         item = Planned(stage, fingerprint, files, params, run_dir)
         if name == "returns":
             item.outputs = _sidecars("returns", "compute_returns")

@@ -20,7 +20,10 @@ before pointing it at the real files: only the sizes differ. ``python -m recap.s
 DIR`` writes them and prints the gin bindings of their paths (``StandIns.bindings``); their
 sizes are ``VALUE_SIZES`` / ``PI05_SIZES`` (gin: ``rehearsal/tiny.gin``).
 
-Every model is built here from random weights (nothing comes from the hub); the tokenizers are
+Every model is built here from random weights (nothing comes from the hub), π0.5's adaptive norms
+with a non-zero time modulation (``ADARMS_STD``), as a trained ``pi05_base`` has: at a fresh
+model's zeros every action-expert layer is gated off, and a LoRA run (whose adapted towers keep
+their norms frozen) would get no gradient into any adapter. The tokenizers are
 SentencePiece BPE models trained in-process on LIBERO-style prompts, with byte fallback (any
 text encodes, digits included) and Gemma's special ids (pad 0, eos 1, bos 2, unk 3, <mask> 4).
 Each directory (and the tokenizer file) is written to a temporary sibling and renamed into
@@ -111,6 +114,8 @@ PI05_SIZES = {
     "action_dim": 32,
 }  # fmt: skip
 CHECKPOINT_STEP = 1000
+# std of the π0.5 stand-in's adaptive-norm modulation (a fresh model's is zero; module docstring)
+ADARMS_STD = 0.02
 ASSET_ID = "physical-intelligence/libero"
 
 
@@ -361,6 +366,10 @@ def _write_pi05(standins: StandIns, seed: int, stats: dict, overwrite: bool) -> 
                            for k, v in PI05_SIZES.items()})  # fmt: skip
     with _seeded(seed):
         policy = build_pi05(config).eval()
+        with torch.no_grad():  # a trained checkpoint's time modulation (module docstring)
+            for name, param in policy.named_parameters():
+                if name.endswith("norm.dense.weight"):  # every AdaRMSNorm of the expert
+                    param.normal_(0.0, ADARMS_STD)
     module = openpi_module(policy, seed)
     stats_text = json.dumps(stats, indent=2)
 

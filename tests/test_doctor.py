@@ -70,6 +70,26 @@ def test_script_on_this_machine():
     assert "[OK  ] hub access" in done.stdout and done.stdout.strip().endswith("ready")
 
 
+def test_nvme_offload_line_on_this_machine():
+    """A warning naming DeepSpeed's async_io op and the fix where libaio is missing (this CI
+    machine), OK where the op loads; only ``offload_param = "nvme"`` needs it."""
+    from recap.doctor import check_nvme_offload
+    from recap.engine import accelerator
+    from recap.engine.deepspeed_config import async_io_missing
+
+    line = check_nvme_offload().line()
+    if async_io_missing() is None:
+        assert line == "[OK  ] NVMe parameter offload: DeepSpeed's async_io op is available"
+        return
+    assert line == (
+        "[WARN] NVMe parameter offload: DeepSpeed's async_io op cannot be built on this machine "
+        f"({accelerator.name()} accelerator; libaio's headers and library not found): "
+        'deepspeed_config.offload_param = "nvme" fails here -> install libaio on every node '
+        "(apt-get install libaio-dev, or yum install libaio-devel), or offload to the host: "
+        'deepspeed_config.offload_param = "cpu"'
+    )
+
+
 TESTED = (
     "tested: torch 2.13.0 + deepspeed 0.19.8 + transformers 5.24.0 (the CPU stack, "
     "constraints-cpu.txt); torch 2.6.0 + deepspeed 0.19.8 + transformers 5.24.0 (the field "

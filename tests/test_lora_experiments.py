@@ -1,6 +1,7 @@
 """The LoRA experiment files (``experiments/libero_pi05_lora.gin``, ``libero_value_lora.gin``)
-resolve at plan time with the rehearsal's tiny sizes, and build the adapters they ask for (the
-tiny LoRA training itself runs in ``tests/engine/test_lora_engine.py``)."""
+resolve at plan time with the rehearsal's tiny sizes, and build the adapters they ask for (they
+train, as shipped, on the rehearsal's stand-ins in ``tests/test_rehearsal.py``; the engine's LoRA
+runs are ``tests/engine/test_lora_engine.py``)."""
 
 from __future__ import annotations
 

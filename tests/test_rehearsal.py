@@ -6,7 +6,11 @@ in RLinf's published layout, a SigLIP and a Gemma3 directory as Hugging Face sav
 PaliGemma SentencePiece file, a π0.5 checkpoint in openpi's layout), on 2 DeepSpeed CPU ranks:
 returns, value, advantages, policy and baseline all run, and what they export reloads in a plain
 process. Then value, advantages and policy run again as two simulated nodes (one rank each, the
-second node's global rank 1 as local rank 0) and reproduce the single-node run.
+second node's global rank 1 as local rank 0) and reproduce the single-node run. Last, the LoRA
+experiments (``experiments/libero_value_lora.gin``, ``libero_pi05_lora.gin``) as shipped train
+with the commands the pipeline ran for value and policy: only adapters and the modules the recipe
+trains fully move, the merged export is base + (alpha / r) B A of the adapter export, and it loads
+without peft.
 """
 
 from __future__ import annotations
@@ -352,3 +356,201 @@ def test_two_nodes_reproduce_the_single_node_losses_and_weights(rehearsal, two_n
         assert mine.keys() == reference.keys()
         worst = max((mine[k].float() - v.float()).abs().max().item() for k, v in reference.items())
         assert worst <= 1e-6, (stage, worst)
+
+
+# ---- the LoRA experiments on the same stand-ins -----------------------------------------------
+
+# stage -> (the experiment file the pipeline ran, its LoRA version as shipped)
+LORA_FILES = {
+    "value": ("experiments/libero_value.gin", "experiments/libero_value_lora.gin"),
+    "policy": ("experiments/libero_pi05.gin", "experiments/libero_pi05_lora.gin"),
+}
+PALIGEMMA = "paligemma_with_expert.paligemma.model."
+# towers the recipe adapts (all but their adapters frozen) and modules it trains fully (openpi's
+# LoRA recipe: SigLIP, the projector, the action and time projections; the value model's critic)
+LORA_TOWERS = {
+    "policy": ((PALIGEMMA + "language_model.", "paligemma_with_expert.gemma_expert."),
+               (PALIGEMMA + "vision_tower.", PALIGEMMA + "multi_modal_projector.",
+                "action_in_proj.", "action_out_proj.", "time_mlp_in.", "time_mlp_out.")),
+    "value": (("language_model.",), ("vision_tower.", "projector.", "expert.", "head.")),
+}  # fmt: skip
+LORA_A = re.compile(r"^base_model\.model\.(.*)\.lora_A\.weight$")
+
+
+@pytest.fixture(scope="module")
+def lora(rehearsal, tmp_path_factory):
+    """``experiments/libero_value_lora.gin`` and ``libero_pi05_lora.gin`` as shipped, launched on 2
+    ranks with the commands the pipeline ran for value and policy (the same stand-ins, tiny sizes
+    and Step 3 labels), the experiment file swapped; both at once. Run directories by stage."""
+    from recap.engine.distributed import free_port
+
+    _, runs, out, _ = rehearsal
+    tmp = tmp_path_factory.mktemp("rehearsal_lora")
+    launcher = str(Path(sys.executable).with_name("deepspeed"))
+    dirs, procs = {}, {}
+    start = time.perf_counter()
+    for stage, (full, lora_file) in LORA_FILES.items():
+        dirs[stage] = tmp / stage
+        args = stage_args(out)[stage]
+        assert args.count(full) == 1
+        args = [lora_file if a == full else a for a in args]
+        args += ["--gin_param", f'train.run_dir = "{dirs[stage]}"']  # the last binding wins
+        argv = [launcher, "--num_gpus", "2", "--master_port", str(free_port()), *args]
+        log = (tmp / f"{stage}.log").open("w")
+        procs[stage] = subprocess.Popen(argv, cwd=tmp, env=launch_env(tmp), stdout=log,
+                                        stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    for stage, proc in procs.items():
+        code = proc.wait(timeout=600)
+        assert code == 0, (tmp / f"{stage}.log").read_text()[-5000:]
+    print(f"LoRA rehearsal wall time: {time.perf_counter() - start:.0f} s")
+    return dirs
+
+
+def merged_export(directory: Path) -> dict:
+    """``model.safetensors`` of a LoRA run with its tied aliases restored (as ``load_exported``)."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    path = str(directory / "model.safetensors")
+    with safe_open(path, framework="pt") as f:
+        metadata = f.metadata()
+    assert (metadata["recap_lora"], metadata["recap_weights"]) == ("merged", "raw")
+    state = load_file(path)
+    for alias, source in json.loads(metadata["recap_tied"]).items():
+        state[alias] = state[source]
+    return state
+
+
+def against_base(stage: str, directory: Path, base: dict) -> dict:
+    """The run's merged export and ``adapter/`` against ``base``: each adapted projection is
+    ``W + (alpha / r) B A`` of the adapter file (r from A's shape and ``rank_pattern``, alpha
+    from ``alpha_pattern``) with B trained, every other weight of an adapted tower byte-identical,
+    nothing else moved but the fully trained modules, whose ``modules_to_save`` copies are the
+    merged weights. Returns the adapter config and the adapters' ranks by tower."""
+    import torch
+    from safetensors.torch import load_file
+
+    from recap.models import adapters
+
+    merged = merged_export(directory)
+    folder = directory / adapters.ADAPTER_DIR
+    assert sorted(p.name for p in folder.iterdir()) == [adapters.ADAPTER_CONFIG,
+                                                         adapters.ADAPTER_WEIGHTS]  # fmt: skip
+    config = json.loads((folder / adapters.ADAPTER_CONFIG).read_text())
+    tensors = load_file(str(folder / adapters.ADAPTER_WEIGHTS))
+    adapted_towers, trained = LORA_TOWERS[stage]
+    assert set(merged) == set(base)
+    ranks: dict[str, set] = {}
+    adapted = set()
+    for key, a in tensors.items():
+        match = LORA_A.match(key)
+        if match is None:
+            continue
+        module = match.group(1)
+        b = tensors[f"base_model.model.{module}.lora_B.weight"]
+        (alpha,) = {v for k, v in config["alpha_pattern"].items() if re.fullmatch(k, module)}
+        (rank,) = {v for k, v in config["rank_pattern"].items() if re.fullmatch(k, module)}
+        assert a.shape[0] == b.shape[1] == rank, module
+        (tower,) = [t for t in adapted_towers if module.startswith(t)]
+        ranks.setdefault(tower, set()).add(rank)
+        want = base[f"{module}.weight"] + (alpha / rank) * (b @ a)
+        torch.testing.assert_close(merged[f"{module}.weight"], want, rtol=0, atol=1e-6)
+        assert b.abs().max() > 1e-5, module  # B starts at zero: the adapter trained
+        adapted.add(f"{module}.weight")
+    moved = {k for k in base if not torch.equal(merged[k], base[k])}
+    frozen = {k for k in base if k.startswith(adapted_towers)} - adapted
+    assert frozen and not moved & frozen, sorted(moved & frozen)[:5]
+    fully = moved - adapted
+    assert fully and all(k.startswith(trained) for k in fully), sorted(fully)
+    saved = {k.removeprefix(adapters.PEFT_PREFIX): v for k, v in tensors.items()
+             if ".lora_" not in k}  # fmt: skip
+    assert {m for m in config["modules_to_save"] for k in saved if k.startswith(m + ".")} == set(
+        config["modules_to_save"])  # fmt: skip
+    assert all(torch.equal(v, merged[k]) for k, v in saved.items())
+    return {"config": config, "ranks": {t: sorted(r) for t, r in ranks.items()},
+            "adapted": len(adapted), "merged": merged}  # fmt: skip
+
+
+def test_lora_runs_log_finite_losses_and_train_only_the_adapters(rehearsal, lora):
+    for stage, directory in lora.items():
+        record = metrics(directory)
+        losses = {k: v for k, v in record.items() if "loss" in k}
+        assert {"train/loss", "eval/loss"} <= set(losses), (stage, sorted(record))
+        assert all(np.isfinite(v) for v in losses.values()), (stage, losses)
+        assert (directory / "checkpoints" / "latest").read_text().strip() == "step_3"
+
+
+def test_the_value_lora_run_moves_only_its_adapters_and_the_critic(rehearsal, lora):
+    import torch
+
+    from recap.models.value import from_pretrained_parts
+    from recap.standins import VALUE_SIZES
+
+    standins = rehearsal[0]
+    torch.manual_seed(0)  # the critic is initialized fresh: it trains fully
+    base = from_pretrained_parts(standins.siglip, standins.gemma3, **VALUE_SIZES).state_dict()
+    found = against_base("value", lora["value"], base)
+    # the Gemma3 layers the critic reads (depth 2): layer 0 all seven projections, layer 1 k/v
+    assert (found["ranks"], found["adapted"]) == ({"language_model.": [16]}, 7 + 2)
+    config = found["config"]
+    assert (config["r"], config["lora_alpha"], config["alpha_pattern"]) == (
+        16, 16.0, {r"language_model\..*": 16.0})  # fmt: skip
+    assert sorted(config["modules_to_save"]) == ["expert", "head.cls", "head.proj", "projector",
+                                                 "vision_tower"]  # fmt: skip
+
+
+def test_the_pi05_lora_run_moves_only_its_adapters_and_openpis_trained_modules(rehearsal, lora):
+    from safetensors import safe_open
+
+    from recap.models.checkpoints import load_pi05, state_to_file
+    from recap.standins import PI05_SIZES
+
+    standins = rehearsal[0]
+    base = load_pi05(standins.pi05_base, **PI05_SIZES).state_dict()
+    found = against_base("policy", lora["policy"], base)
+    decoder, expert = LORA_TOWERS["policy"][0]
+    assert found["ranks"] == {decoder: [16], expert: [32]}  # gemma_2b_lora, gemma_300m_lora
+    # decoder: layer 0 all seven projections, the last layer k/v only; expert: 2 x 7
+    assert found["adapted"] == 7 + 2 + 2 * 7
+    assert sorted(found["config"]["alpha_pattern"].values()) == [16.0, 32.0]
+    # openpi's file layout: the stand-in's keys and shapes, whose patterns are the published
+    # file's minus the tied embedding (tests/test_standins.py)
+    ours = {k: list(v.shape) for k, v in state_to_file(found["merged"], 32, "openpi").items()}
+    with safe_open(str(standins.pi05_base / "model.safetensors"), framework="pt") as f:
+        assert ours == {k: f.get_slice(k).get_shape() for k in f.keys()}
+    real = json.loads((REPO / "tests/fixtures/formats/openpi_pi05_keys.json").read_text())
+    (tie,) = real["ties"]
+    patterns = {re.sub(r"\.\d+\.", ".{i}.", k) for k in real["state"] if k != tie[0]}
+    assert {re.sub(r"\.\d+\.", ".{i}.", k) for k in ours} == patterns and len(ours) == 92
+
+
+PLAIN = """
+import json, sys
+
+sys.modules["peft"] = None  # `import peft` fails in this process
+from recap.engine.inference import load_exported
+from recap.models.checkpoints import load_pi05
+from recap.models.value import from_pretrained_parts
+from recap.standins import PI05_SIZES, VALUE_SIZES, StandIns
+
+s, runs = StandIns.at(sys.argv[1]), json.loads(sys.argv[2])
+value = from_pretrained_parts(s.siglip, s.gemma3, **VALUE_SIZES)
+load_exported(value, runs["value"])  # as Step 3 reads the value model
+policy = load_pi05(s.pi05_base, **PI05_SIZES)
+load_exported(policy, runs["policy"])
+print(json.dumps({k: sum(float(p.double().sum()) for p in m.state_dict().values())
+                  for k, m in (("value", value), ("policy", policy))}))
+"""
+
+
+def test_the_lora_merged_exports_load_in_a_process_without_peft(rehearsal, lora):
+    standins = rehearsal[0]
+    paths = {stage: str(d / "model.safetensors") for stage, d in lora.items()}
+    argv = [sys.executable, "-c", PLAIN, str(standins.root), json.dumps(paths)]
+    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True,
+                          env=launch_env(lora["value"].parent), timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    sums = json.loads(done.stdout.strip().splitlines()[-1])
+    for stage, directory in lora.items():  # every loaded weight is the file's
+        want = sum(float(v.double().sum()) for v in merged_export(directory).values())
+        assert sums[stage] == pytest.approx(want, rel=1e-12, abs=1e-9), stage

@@ -1,6 +1,7 @@
 """Can this machine run recap? Accelerator, torch / torch-npu / CANN pairing, torch / torch-npu /
 DeepSpeed / transformers against the tested combinations, DeepSpeed backend, TensorFlow next to
-NumPy 2, hub access, free device memory; each problem says what to do.
+NumPy 2, hub access, free device memory, NVMe parameter offload (DeepSpeed's async_io op); each
+problem says what to do.
 
     recap-doctor        # exit 1 when a problem is blocking
 """

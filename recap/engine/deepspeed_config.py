@@ -26,6 +26,10 @@ RECAP_KEY = "recap"
 PRECISIONS = ("auto", "bf16", "fp32")
 SCHEDULES = ("constant", "cosine")
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
+AIO_FIX = (
+    "install libaio on every node (apt-get install libaio-dev, or yum install libaio-devel), "
+    'or offload to the host: deepspeed_config.offload_param = "cpu"'
+)
 
 
 def gradient_accumulation(global_batch: int, micro_batch: int, world_size: int) -> int:
@@ -45,6 +49,35 @@ def _precision(precision: str) -> dict[str, Any]:
         raise RecapError(f"gin config: deepspeed_config.precision={precision!r}; use {PRECISIONS}")
     bf16 = accelerator.supports_bf16() if precision == "auto" else precision == "bf16"
     return {"bf16": {"enabled": True}} if bf16 else {}
+
+
+def async_io_missing() -> str | None:
+    """Why DeepSpeed's ``async_io`` op, through which ZeRO-3 swaps parameters to NVMe, cannot
+    load on this machine, as one clause (None: prebuilt with ``DS_BUILD_AIO=1``, or buildable at
+    first use because libaio's headers and library are there). Without it DeepSpeed raises inside
+    model construction (``zero.Init``), on every rank, after the launch."""
+    from deepspeed.git_version_info import installed_ops
+
+    if installed_ops.get("async_io"):
+        return None
+    builder = accelerator.get().create_op_builder("AsyncIOBuilder")
+    if builder is None:
+        return f"DeepSpeed's {accelerator.name()} accelerator has no async_io op"
+    if builder.is_compatible(verbose=False):
+        return None
+    return (
+        f"DeepSpeed's async_io op cannot be built on this machine ({accelerator.name()} "
+        "accelerator; libaio's headers and library not found)"
+    )
+
+
+def check_nvme_offload(device: str) -> None:
+    """One-line ``RecapError`` before anything is built when ``device`` (``offload_param``) is
+    ``"nvme"`` and this machine cannot swap to NVMe (``async_io_missing``)."""
+    if device == "nvme":
+        missing = async_io_missing()
+        if missing is not None:
+            raise RecapError(f'deepspeed_config.offload_param = "nvme": {missing}; {AIO_FIX}')
 
 
 def _offload_param(stage: int, device: str, nvme_path: str | None) -> dict | None:

@@ -18,7 +18,7 @@ import recap.data.policy_data  # noqa: F401  (registers policy_data and pi05_pol
 import recap.models.toy  # noqa: F401  (registers toy_model / toy_data with gin)
 import recap.models.value  # noqa: F401  (registers value_model with gin)
 from recap.engine import distributed
-from recap.engine.deepspeed_config import deepspeed_config
+from recap.engine.deepspeed_config import check_nvme_offload, deepspeed_config
 from recap.engine.tracking import Tracker
 from recap.engine.trainer import FitResult, LoopOptions, fit
 from recap.errors import RecapError
@@ -44,6 +44,7 @@ def train(
     if max_steps < 1:
         raise RecapError(f"gin config: train.max_steps={max_steps}; set it to a positive integer")
     config = deepspeed_config(world_size=distributed.env_world_size(), max_steps=max_steps)
+    check_nvme_offload(config["zero_optimization"].get("offload_param", {}).get("device", ""))
     options = LoopOptions(
         run_dir=Path(run_dir),
         max_steps=max_steps,

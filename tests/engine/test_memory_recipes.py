@@ -116,6 +116,63 @@ def test_offload_param_in_the_deepspeed_config():
         assert str(err.value).splitlines()[0] == line  # gin appends its call context
 
 
+@pytest.fixture(scope="module")
+def nvme_line() -> str:
+    """The one line ``offload_param = "nvme"`` stops at where DeepSpeed's async_io op cannot
+    load (libaio missing, as on the 2-core CI machine); skipped where it can."""
+    from recap.engine import accelerator
+    from recap.engine.deepspeed_config import async_io_missing
+
+    if async_io_missing() is None:
+        pytest.skip("DeepSpeed's async_io op loads here (libaio found): NVMe offload can run")
+    return (
+        'deepspeed_config.offload_param = "nvme": DeepSpeed\'s async_io op cannot be built on '
+        f"this machine ({accelerator.name()} accelerator; libaio's headers and library not "
+        "found); install libaio on every node (apt-get install libaio-dev, or yum install "
+        'libaio-devel), or offload to the host: deepspeed_config.offload_param = "cpu"'
+    )
+
+
+def test_nvme_offload_without_async_io_stops_the_pipeline_plan_in_one_line(
+    nvme_line, tmp_path, capsys
+):
+    """Before any step launches (the plan, ``--dry_run`` too): DeepSpeed itself would raise
+    inside ``zero.Init`` on every rank, after Steps 1-3 ran."""
+    import gin
+
+    from recap.pipeline import main
+
+    params = [f'pipeline.run_root = "{tmp_path}"', 'policy/deepspeed_config.offload_param = "nvme"',
+              f'policy/deepspeed_config.nvme_path = "{tmp_path}"']  # fmt: skip
+    argv = ["--gin_file", "demo/pipeline.gin", "--dry_run"]
+    try:
+        assert main(argv + [a for p in params for a in ("--gin_param", p)]) == 2
+        assert capsys.readouterr().err == f"error: pipeline step policy: {nvme_line}\n"
+        assert main(argv + [a for p in params[:1] for a in ("--gin_param", p)]) == 0  # no offload
+    finally:
+        gin.clear_config()  # the plan stopped with the step's bindings parsed
+
+
+def test_nvme_offload_without_async_io_stops_train_before_building(nvme_line, tmp_path, capsys):
+    import gin
+
+    from recap.cli import run_command
+    from recap.steps.train import train
+
+    run_dir = tmp_path / "run"
+    params = ["train.model_fn = @toy_model", "train.data_fn = @toy_data", "train.max_steps = 1",
+              f'train.run_dir = "{run_dir}"', 'deepspeed_config.offload_param = "nvme"',
+              f'deepspeed_config.nvme_path = "{tmp_path}"']  # fmt: skip
+    gin.clear_config()
+    try:
+        code = run_command(train, ["--gin_file", "engine.gin",
+                                   *[a for p in params for a in ("--gin_param", p)]])  # fmt: skip
+    finally:
+        gin.clear_config()
+    assert code == 2 and capsys.readouterr().err == f"error: {nvme_line}\n"
+    assert not run_dir.exists()  # nothing built, nothing written
+
+
 def test_plan_memory_command_prints_the_recipes_of_the_lora_experiment(capsys):
     """``experiments/libero_pi05_lora.gin`` at the rehearsal's tiny sizes with the vision tower
     frozen: the configured plan counts peft's trainable parameters and drops SigLIP's share."""

@@ -155,3 +155,23 @@ def test_unknown_tower_or_target_module_is_one_line_at_parse_time():
         parse_gin([], ["pi05_policy.lora = @LoraOptions()", "pi05_policy.freeze = ['vision']"])
     finally:
         gin.clear_config()
+
+
+def test_the_pipeline_plan_stops_at_an_unknown_tower_in_one_line(tmp_path, capsys):
+    """The pipeline parses every step's bindings before anything runs: the same line, naming the
+    step, exit 2 (``--dry_run`` too)."""
+    from recap.pipeline import main
+
+    argv = ["--gin_file", "demo/pipeline.gin", "--dry_run",
+            "--gin_param", f'pipeline.run_root = "{tmp_path}"',
+            "--gin_param", "policy/pi05_policy.lora = @LoraOptions()",
+            "--gin_param", "policy/LoraOptions.target_modules = ['q_proj', 'qkv']"]  # fmt: skip
+    try:
+        assert main(argv) == 2
+    finally:
+        gin.clear_config()
+    assert capsys.readouterr().err == (
+        "error: pipeline step policy: gin config: LoraOptions.target_modules has unknown target "
+        "module 'qkv'; use names from ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', "
+        "'up_proj', 'down_proj']\n"
+    )
