@@ -7,13 +7,19 @@ STAMP := $(VENV)/.recap-installed
 FIELD_VENV := .venv-field
 FIELD_PY := $(FIELD_VENV)/bin/python
 FIELD_STAMP := $(FIELD_VENV)/.recap-installed
+# LeRobot 0.6.1 itself (Python >= 3.12, torch < 2.12) beside recap, in a venv of its own:
+# `make test-lerobot` (tests/lerobot, not part of `make test` / CI).
+LEROBOT_VENV := .venv-lerobot
+LEROBOT_PY := $(LEROBOT_VENV)/bin/python
+LEROBOT_STAMP := $(LEROBOT_VENV)/.recap-installed
+LEROBOT_PYTHON ?= $(or $(wildcard $(HOME)/.pyenv/versions/3.12.1/bin/python),python3.12)
 DEMO_DATA := demo_data
 export DS_ACCELERATOR ?= cpu
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export MLFLOW_TRACKING_URI ?= sqlite:///mlflow.db
 
-.PHONY: demo test test-slow test-field lint bench clean
+.PHONY: demo test test-slow test-field test-lerobot lint bench clean
 
 $(STAMP): setup.py constraints-cpu.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -43,6 +49,17 @@ $(FIELD_STAMP): setup.py constraints-field.txt
 test-field: $(FIELD_STAMP)
 	$(FIELD_PY) -m pytest -q tests
 
+# Not part of `make test` / CI: lerobot[pi,dataset]==0.6.1 resolves PyPI's torch 2.11 (the CUDA
+# build, ~2.5 GB of wheels; it runs on the CPU) and transformers 5.5.4; recap installs beside it.
+$(LEROBOT_STAMP): setup.py
+	test -x $(LEROBOT_PY) || $(LEROBOT_PYTHON) -m venv $(LEROBOT_VENV)
+	$(LEROBOT_PY) -m pip install -q --upgrade pip
+	$(LEROBOT_PY) -m pip install -q 'lerobot[pi,dataset]==0.6.1' -e '.[dev]'
+	touch $(LEROBOT_STAMP)
+
+test-lerobot: $(LEROBOT_STAMP)
+	$(LEROBOT_PY) -m pytest -q tests/lerobot
+
 test-slow: $(STAMP)
 	RECAP_SLOW=1 $(PY) -m pytest -q -s -m slow tests/slow
 
@@ -63,4 +80,4 @@ bench: $(STAMP)
 	$(PY) bench/serve.py
 
 clean:
-	rm -rf $(VENV) $(FIELD_VENV) $(DEMO_DATA) mlflow.db mlruns runs .pytest_cache
+	rm -rf $(VENV) $(FIELD_VENV) $(LEROBOT_VENV) $(DEMO_DATA) mlflow.db mlruns runs .pytest_cache

@@ -53,7 +53,8 @@ setup(
         # torch-npu must match the installed torch (2.6 -> torch-npu 2.6.x); never install it
         # without CANN: torch auto-loads it and `import torch` then fails.
         "npu": ["torch-npu"],
-        "lerobot": ["lerobot"],
+        # No `lerobot` extra: no recap code imports it (recap reads and writes its formats itself);
+        # `make test-lerobot` installs lerobot[pi,dataset]==0.6.1 beside recap to prove them equal.
         "viz": ["matplotlib>=3.7"],
         # openpi-client (tests/serve) declares numpy<2 but runs on numpy 2: the Makefile installs
         # it with --no-deps; typing_extensions is the import it forgets to declare.

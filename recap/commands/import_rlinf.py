@@ -5,6 +5,8 @@ recap-import rlinf-value full_weights.pt --out DIR [--vision-config F] [--text-c
 recap-import export-rlinf-value DIR --out full_weights.pt
 recap-import rlinf-policy full_weights.pt --out DIR [--base DIR] [--variant NAME]
 recap-import export-rlinf-policy DIR --out full_weights.pt
+recap-import export-lerobot-policy DIR --out OUT --camera KEY [--camera KEY ...]
+    --state-dim S --action-dim A
 
 ``rlinf-value`` maps every key of RLinf's value-model FSDP full state dict (``torch.save``,
 or ``.safetensors``) onto recap's value model with the Gemma1-style critic expert
@@ -29,7 +31,10 @@ without it, the real sizes of ``--variant`` (default ``pi05_libero``). ``load_pi
 openpi-layout directory's weights back as RLinf's full state dict (the tied embedding
 restored), bit for bit what ``rlinf-policy`` read; a recap training run directory (its
 ``model.safetensors`` holds ``Pi05Policy`` keys) exports too, the expert's unused ``lm_head``
-as zeros.
+as zeros. ``export-lerobot-policy`` writes a π0.5 directory that LeRobot 0.6.1's
+``PI05Policy.from_pretrained`` loads (``recap.interop.lerobot``: LeRobot keys and a ``config.json``
+with the camera / state / action features); LeRobot-saved π0.5 directories load in recap as they
+are (``load_pi05``).
 """
 
 from __future__ import annotations
@@ -215,6 +220,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     pexp = sub.add_parser("export-rlinf-policy", help="openpi-layout π0.5 dir -> RLinf .pt")
     pexp.add_argument("directory")
     pexp.add_argument("--out", required=True)
+    lexp = sub.add_parser("export-lerobot-policy", help="π0.5 dir -> LeRobot PI05Policy dir")
+    lexp.add_argument("directory")
+    lexp.add_argument("--out", required=True)
+    lexp.add_argument(
+        "--camera",
+        action="append",
+        default=[],
+        required=True,
+        help="an image feature, e.g. observation.images.image (repeat, in order)",
+    )
+    lexp.add_argument("--state-dim", type=int, required=True)
+    lexp.add_argument("--action-dim", type=int, required=True)
     args = parser.parse_args(argv)
     try:
         if args.what == "rlinf-value":
@@ -224,6 +241,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             path = import_policy(args.source, args.out, args.base, args.variant)
         elif args.what == "export-rlinf-policy":
             path = export_policy(args.directory, args.out)
+        elif args.what == "export-lerobot-policy":
+            from recap.interop.lerobot import export_lerobot_policy
+
+            path = export_lerobot_policy(args.directory, args.out, args.camera, args.state_dim,
+                                         args.action_dim)  # fmt: skip
         else:
             path = export_value(args.directory, args.out)
     except (RecapError, OSError, ValueError) as exc:

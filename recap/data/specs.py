@@ -9,7 +9,11 @@ In gin a dataset is a small dict, so a user lists several without new code::
          "failure_reward": -300.0, "outcome_column": "next.success"},
     ]
 
-Relative roots resolve against ``data_root``.
+Relative roots resolve against ``data_root``. An entry may name a dataset as LeRobot users do,
+``{"name": "pusht", "repo_id": "lerobot/pusht"}`` instead of a ``root``: it resolves offline, as
+LeRobot's ``LeRobotDataset(repo_id)`` does, to ``$HF_LEROBOT_HOME/{repo_id}`` (default
+``$HF_HOME/lerobot``, ``~/.cache/huggingface/lerobot``; ``lerobot_home``), and a dataset missing
+there is a one-line error naming the path looked at. Nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -34,6 +38,32 @@ class DatasetSpec:
     failure_reward: float | None = None
     outcome_column: str | None = None
     correction_column: str | None = None
+    repo_id: str | None = None  # the LeRobot name ``root`` was resolved from (``lerobot_home``)
+
+
+def lerobot_home() -> Path:
+    """LeRobot's ``HF_LEROBOT_HOME``: ``$HF_LEROBOT_HOME``, else ``$HF_HOME/lerobot`` with
+    ``HF_HOME`` defaulting to ``$XDG_CACHE_HOME/huggingface`` (``~/.cache/huggingface``), as
+    ``lerobot.utils.constants`` (0.6.1) and ``huggingface_hub.constants`` compute it."""
+    if "HF_LEROBOT_HOME" in os.environ:
+        return Path(os.environ["HF_LEROBOT_HOME"]).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME", os.path.join(os.path.expanduser("~"), ".cache"))
+    hf_home = os.environ.get("HF_HOME", os.path.join(cache, "huggingface"))
+    return Path(os.path.expandvars(os.path.expanduser(hf_home))) / "lerobot"
+
+
+def resolve_repo_id(repo_id: object, where: str) -> Path:
+    """The local root of LeRobot dataset ``repo_id`` (``lerobot_home() / repo_id``), checked
+    offline: no ``meta/info.json`` there is one ``RecapError`` line naming the path looked at."""
+    if not isinstance(repo_id, str) or not repo_id.strip("/") or ".." in repo_id.split("/"):
+        raise RecapError(f"{where}: repo_id {repo_id!r} is not a LeRobot repo id like "
+                         "'lerobot/pusht'; fix it or give a root")  # fmt: skip
+    root = lerobot_home() / repo_id
+    if not (root / "meta" / "info.json").is_file():
+        raise RecapError(f"{where}: repo_id {repo_id!r}: no LeRobot dataset at {root} (no "
+                         "meta/info.json; recap never downloads); put the dataset there, set "
+                         "HF_LEROBOT_HOME, or give a root")  # fmt: skip
+    return root
 
 
 def parse_dataset_specs(
@@ -52,14 +82,23 @@ def parse_dataset_specs(
         if unknown:
             raise RecapError(f"{where}: unknown keys {unknown}; known keys are {sorted(known)}")
         missing = [k for k in ("name", "root") if k not in entry]
+        if "repo_id" in entry:
+            missing = [k for k in missing if k != "root"]
+            if "root" in entry:
+                raise RecapError(f"{where}: both root and repo_id given; keep one (repo_id "
+                                 "resolves to $HF_LEROBOT_HOME/{repo_id})")  # fmt: skip
         if missing:
-            raise RecapError(f"{where}: missing {missing}; every dataset needs a name and a root")
+            raise RecapError(f"{where}: missing {missing}; every dataset needs a name and a root "
+                             "(or a LeRobot repo_id)")  # fmt: skip
         kind = entry.get("type", C.ROLLOUT)
         if kind not in C.DATASET_TYPES:
             raise RecapError(f"{where}: type {kind!r} is not one of {list(C.DATASET_TYPES)}")
-        root = Path(entry["root"])
-        if not root.is_absolute() and data_root:
-            root = Path(data_root) / root
+        if "repo_id" in entry:
+            root = resolve_repo_id(entry["repo_id"], where)
+        else:
+            root = Path(entry["root"])
+            if not root.is_absolute() and data_root:
+                root = Path(data_root) / root
         specs.append(DatasetSpec(**{**entry, "root": root, "type": kind}))
     names = [s.name for s in specs]
     dupes = sorted({n for n in names if names.count(n) > 1})

@@ -282,18 +282,21 @@ def write_pi05_files(
     config: Pi05Config,
     layout: str = OPENPI,
     metadata: dict[str, str] | None = None,
+    extra_config: dict | None = None,
 ) -> Path:
     """``state`` (keyed in ``layout``) as ``model.safetensors`` with ``config.json`` (the
-    layout's own config) and ``recap_pi05.json``, all or none replaced (``write_atomic``);
+    layout's own config, plus ``extra_config`` fields: LeRobot's features,
+    ``recap.interop.lerobot``) and ``recap_pi05.json``, all or none replaced (``write_atomic``);
     returns the weights path."""
     from recap.data.sidecars import write_atomic
 
     path = Path(directory)
     tensors = {k: v.contiguous().cpu() for k, v in state.items()}
     meta = {"format": "pt", **(metadata or {})}
+    foreign = foreign_config(config, layout) | (extra_config or {})
     write_atomic({
         path / WEIGHTS_FILE: lambda p: p.write_bytes(safetensors_bytes(tensors, meta)),
-        path / CONFIG_FILE: lambda p: p.write_text(json.dumps(foreign_config(config, layout))),
+        path / CONFIG_FILE: lambda p: p.write_text(json.dumps(foreign)),
         path / RECAP_CONFIG_FILE: lambda p: p.write_text(
             json.dumps(dataclasses.asdict(config), indent=2)),
     })  # fmt: skip

@@ -261,11 +261,17 @@ class PaliGemmaWithExpert(nn.Module):
 
 
 class VisionTower(nn.Module):
-    """Holds a stock ``SiglipVisionModel`` as ``vision_model`` (openpi's key path)."""
+    """Holds a stock ``SiglipVisionModel`` as ``vision_model`` (openpi's key path).
+
+    transformers 5.24 (recap's pin) builds ``SiglipVisionModel`` flat (``embeddings``,
+    ``encoder``, ...); 5.5.4 (LeRobot 0.6.1's) nests them under its own ``vision_model``, which
+    gave ``vision_model.vision_model.*`` keys: the nested transformer is held instead, so the
+    keys are openpi's under either (``make test-lerobot`` found it)."""
 
     def __init__(self, siglip: nn.Module):
         super().__init__()
-        self.vision_model = siglip
+        inner = getattr(siglip, "vision_model", None)
+        self.vision_model = inner if isinstance(inner, nn.Module) else siglip
 
     @property
     def config(self):

@@ -1,0 +1,189 @@
+"""π0.5 both ways at tiny sizes: a recap-exported policy loads with LeRobot 0.6.1's ``PI05Policy``
+from its directory (``recap-import export-lerobot-policy``) and a policy LeRobot saved loads in
+recap (``load_pi05``); for the same observation, prompt tokens and noise both give the same
+actions (fp32, 1e-5), and recap's LeRobot-style prompt is LeRobot's prompt text.
+
+LeRobot 0.6.1 accepts only the variant names ``gemma_2b`` / ``gemma_300m`` and hard-codes the
+SigLIP so400m tower (``projection_dim`` 2048) and the 257,152-token vocabulary; tiny sizes are
+made in this test process only, by re-pointing ``modeling_pi05.get_gemma_config`` and wrapping its
+PaliGemma constructor (recap's ``checkpoints.VARIANTS`` names the same tiny sizes), keeping the 8
+attention heads and the vocabulary. LeRobot's own files are not edited.
+"""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from lerobot.configs.types import FeatureType, PolicyFeature
+from lerobot.policies.pi05 import modeling_pi05
+from lerobot.policies.pi05.configuration_pi05 import PI05Config
+from lerobot.policies.pi05.modeling_pi05 import PI05Policy
+from lerobot.policies.pi05.processor_pi05 import Pi05PrepareStateTokenizerProcessorStep
+from lerobot.processor import TransitionKey
+from lerobot.utils.constants import OBS_LANGUAGE_ATTENTION_MASK, OBS_LANGUAGE_TOKENS
+
+from recap.commands.import_rlinf import main as recap_import
+from recap.data.conditioning import QuantileStats, pi05_prompt
+from recap.models import checkpoints as ckpt
+from recap.models.pi05 import Pi05Config, build_pi05
+
+VISION = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+          "num_attention_heads": 2, "image_size": 28, "patch_size": 14,
+          "hidden_act": "gelu_pytorch_tanh", "layer_norm_eps": 1e-6}  # fmt: skip
+TEXT = dict(ckpt.PALIGEMMA_2B, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=8, num_key_value_heads=1, head_dim=8)  # fmt: skip
+EXPERT = dict(ckpt.GEMMA_300M, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+              num_attention_heads=8, num_key_value_heads=1, head_dim=8)  # fmt: skip
+CAMERAS = ["observation.images.base", "observation.images.wrist"]
+H, STEPS, STATE_DIM, ACTION_DIM, S = 4, 3, 8, 7, 28
+
+
+@pytest.fixture
+def tiny_sizes(monkeypatch):
+    """LeRobot's variant names and SigLIP tower re-pointed to the tiny sizes (this process)."""
+
+    def gemma_config(variant):
+        d = {"gemma_2b": TEXT, "gemma_300m": EXPERT}[variant]
+        return modeling_pi05.GemmaConfig(
+            width=d["hidden_size"], depth=d["num_hidden_layers"], mlp_dim=d["intermediate_size"],
+            num_heads=d["num_attention_heads"], num_kv_heads=d["num_key_value_heads"],
+            head_dim=d["head_dim"],
+        )  # fmt: skip
+
+    paligemma = modeling_pi05.PaliGemmaForConditionalGenerationWithPiGemma
+
+    class TinyPaliGemma(paligemma):
+        def __init__(self, config):
+            for name in ("hidden_size", "intermediate_size", "num_hidden_layers",
+                         "num_attention_heads", "patch_size"):  # fmt: skip
+                setattr(config.vision_config, name, VISION[name])
+            config.vision_config.projection_dim = TEXT["hidden_size"]
+            super().__init__(config)
+
+    monkeypatch.setattr(modeling_pi05, "get_gemma_config", gemma_config)
+    monkeypatch.setattr(
+        modeling_pi05, "PaliGemmaForConditionalGenerationWithPiGemma", TinyPaliGemma
+    )
+    monkeypatch.setattr(ckpt, "VARIANTS", {"gemma_2b": TEXT, "gemma_300m": EXPERT})
+
+
+def tiny_config() -> Pi05Config:
+    return Pi05Config(vision=dict(VISION), text=dict(TEXT), expert=dict(EXPERT),
+                      action_horizon=H, num_steps=STEPS)  # fmt: skip
+
+
+def randomize(module: torch.nn.Module, seed: int) -> None:
+    """Weights of std 0.2 everywhere, so every path moves the actions."""
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.normal_(0.0, 0.2)
+
+
+def observation(batch: int = 2, seed: int = 1):
+    """Camera images in [0, 1] at the policy's resolution, prompt tokens (row 1 padded), noise."""
+    g = torch.Generator().manual_seed(seed)
+    images = {cam: torch.rand(batch, 3, S, S, generator=g) for cam in CAMERAS}
+    tokens = torch.randint(3, 257152, (batch, 9), generator=g)
+    mask = torch.ones(batch, 9, dtype=torch.bool)
+    mask[1, 6:] = False
+    noise = torch.randn(batch, H, 32, generator=g)
+    return images, tokens, mask, noise
+
+
+def recap_actions(model, images, tokens, mask, noise, cameras=CAMERAS) -> torch.Tensor:
+    """recap's sampled actions; a camera left out of ``cameras`` is masked (LeRobot: missing)."""
+    stacked = torch.stack([images[c] * 2.0 - 1.0 for c in CAMERAS], 1)
+    masks = torch.tensor([c in cameras for c in CAMERAS]).expand(len(tokens), -1)
+    batch = {"images": stacked, "image_masks": masks, "input_ids": tokens, "attention_mask": mask}
+    return model.sample_actions(batch, noise=noise, beta=1.0)[:, :, :ACTION_DIM]
+
+
+def lerobot_actions(policy, images, tokens, mask, noise, cameras=CAMERAS) -> torch.Tensor:
+    batch = {c: images[c] for c in cameras}
+    batch |= {OBS_LANGUAGE_TOKENS: tokens, OBS_LANGUAGE_ATTENTION_MASK: mask}
+    return policy.predict_action_chunk(batch, noise=noise)
+
+
+def same_weights(policy, model) -> list[str]:
+    """Keys whose LeRobot tensor differs from recap's (the LeRobot file's names)."""
+    ours = ckpt.file_state(model, ckpt.LEROBOT)
+    ours[ckpt.file_key(ckpt.EMBED_KEY, ckpt.LEROBOT)] = model.state_dict()[ckpt.EMBED_KEY]
+    theirs = policy.state_dict()
+    # the two vocabulary heads flow matching never reads (LeRobot unties paligemma's lm_head)
+    skip = {ckpt.file_key(k, ckpt.LEROBOT) for k in (ckpt.LM_HEAD_KEY, ckpt.EXPERT_LM_HEAD_KEY)}
+    return [k for k in theirs if k not in skip and not torch.equal(theirs[k], ours.get(k))]
+
+
+def test_recap_export_runs_in_lerobot(tiny_sizes, tmp_path, capsys):
+    model = build_pi05(tiny_config())
+    randomize(model, 0)
+    model.eval()
+    ckpt.save_pi05(model, tmp_path / "recap")
+    stats = {k: QuantileStats(np.full(n, -1.0), np.full(n, 1.0)) for k, n in
+             (("state", STATE_DIM), ("action", ACTION_DIM))}  # fmt: skip
+    ckpt.write_norm_stats(tmp_path / "recap", "tiny", stats)
+    out = tmp_path / "lerobot"
+    argv = ["export-lerobot-policy", str(tmp_path / "recap"), "--out", str(out),
+            "--camera", CAMERAS[0], "--camera", CAMERAS[1], "--state-dim", str(STATE_DIM),
+            "--action-dim", str(ACTION_DIM)]  # fmt: skip
+    assert recap_import(argv) == 0
+    assert capsys.readouterr().out == f"wrote {out}\n"
+    config = json.loads((out / "config.json").read_text())
+    assert config["input_features"] == {
+        CAMERAS[0]: {"type": "VISUAL", "shape": [3, S, S]},
+        CAMERAS[1]: {"type": "VISUAL", "shape": [3, S, S]},
+        "observation.state": {"type": "STATE", "shape": [STATE_DIM]},
+    }
+    assert (out / "assets/tiny/norm_stats.json").is_file()
+
+    policy = PI05Policy.from_pretrained(out)  # LeRobot's own loader, from the directory
+    policy.eval()
+    assert list(policy.config.image_features) == CAMERAS
+    assert (policy.config.chunk_size, policy.config.num_inference_steps) == (H, STEPS)
+    assert same_weights(policy, model) == []  # its loader swallows errors: check the tensors
+    images, tokens, mask, noise = observation()
+    for cameras in (CAMERAS, CAMERAS[:1]):  # both cameras; the wrist camera missing
+        ours = recap_actions(model, images, tokens, mask, noise, cameras)
+        theirs = lerobot_actions(policy, images, tokens, mask, noise, cameras)
+        assert theirs.shape == ours.shape == (2, H, ACTION_DIM)
+        assert (ours - theirs).abs().max().item() < 1e-5
+        assert ours.abs().mean().item() > 0.1  # the actions are not trivially equal
+
+
+def test_lerobot_saved_policy_runs_in_recap(tiny_sizes, tmp_path):
+    config = PI05Config(
+        input_features={c: PolicyFeature(FeatureType.VISUAL, (3, S, S)) for c in CAMERAS},
+        output_features={"action": PolicyFeature(FeatureType.ACTION, (ACTION_DIM,))},
+        chunk_size=H, n_action_steps=H, num_inference_steps=STEPS, image_resolution=(S, S),
+        device="cpu",
+    )  # fmt: skip
+    policy = PI05Policy(config)
+    randomize(policy, 1)
+    policy.eval()
+    policy.save_pretrained(tmp_path / "lerobot")  # LeRobot's own writer
+
+    model = ckpt.load_pi05(tmp_path / "lerobot", config=tiny_config()).eval()
+    assert ckpt.read_config(tmp_path / "lerobot").action_horizon == H  # its config.json
+    assert same_weights(policy, model) == []
+    images, tokens, mask, noise = observation(seed=2)
+    for cameras in (CAMERAS, CAMERAS[:1]):
+        ours = recap_actions(model, images, tokens, mask, noise, cameras)
+        theirs = lerobot_actions(policy, images, tokens, mask, noise, cameras)
+        assert (ours - theirs).abs().max().item() < 1e-5
+        assert ours.abs().mean().item() > 0.1
+
+
+def test_recap_lerobot_prompt_is_lerobots_prompt():
+    step = Pi05PrepareStateTokenizerProcessorStep()
+    state = torch.tensor([[-1.2, -1.0, -0.5, 0.0, 0.37, 0.999, 1.0, 3.0]])
+    tasks = ["Put_the bowl\non the plate. "]
+    transition = {TransitionKey.OBSERVATION: {"observation.state": state},
+                  TransitionKey.COMPLEMENTARY_DATA: {"task": tasks}}  # fmt: skip
+    (theirs,) = step(transition)[TransitionKey.COMPLEMENTARY_DATA]["task"]
+    (ours,) = pi05_prompt(tasks[0], state[0].numpy(), style="lerobot")
+    assert (
+        theirs == "Task: Put the bowl on the plate., State: -1 0 64 128 175 255 255 255;\nAction: "
+    )
+    assert ours == theirs
