@@ -27,6 +27,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rollout-episodes", type=int, default=300)
     parser.add_argument("--eval-episodes", type=int, default=60)
     parser.add_argument("--max-steps", type=int, default=40, help="episode time limit (frames)")
+    parser.add_argument("--state-targets", action="store_true",
+                        help="state[4:8] = each target's offset from the agent, and state-bin "
+                        "words in the tokenizer (for policy_data.state_in_prompt)")  # fmt: skip
     return parser.parse_args(argv)
 
 
@@ -43,11 +46,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             eval_episodes=args.eval_episodes,
             max_steps=args.max_steps,
             force=args.force,
+            state_targets=args.state_targets,
         )
     except (RecapError, FileExistsError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"tokenizer: {write_demo_tokenizer(args.out, force=args.force)}")
+    print(f"tokenizer: {write_demo_tokenizer(args.out, args.force, args.state_targets)}")
     for name, row in summary.items():
         status = "written" if row["written"] else "kept"
         print(

@@ -10,8 +10,10 @@ Observation (like LIBERO): ``images`` {"image": uint8[64, 64, 3] of the whole sq
 "wrist_image": uint8[64, 64, 3] zoomed on the agent}, both showing the agent's path so far as
 grey dots, brighter the more recent (as a robot scene keeps the marks of what was done: one frame
 shows how the episode is going, not only where the agent is), ``state`` float32[8] =
-(x, y, vx, vy, 0...) with v the last applied action, ``task`` str. Actions are float32[7] =
-(dx, dy, 0...).
+(x, y, vx, vy, 0...) with v the last applied action, ``task`` str; with
+``ReachConfig.state_targets`` the last four are each target's offset from the agent (red dx, dy,
+blue dx, dy): the state then carries what the camera shows, and a tiny policy can act on it
+without first learning to see. Actions are float32[7] = (dx, dy, 0...).
 
 Scripted policies see only the observation (they locate the targets by colour in the base image),
 so :func:`evaluate` runs them, or any learned policy, in closed loop.
@@ -36,6 +38,7 @@ from recap.errors import RecapError
 COLORS = {"red": (220, 40, 40), "blue": (40, 90, 230)}
 AGENT_RGB, FLOOR_RGB, GRID_RGB, OUTSIDE_RGB = (255, 255, 255), (40, 40, 40), (60, 60, 60), (0, 0, 0)
 STATE_NAMES = ("x", "y", "vx", "vy", "pad_4", "pad_5", "pad_6", "pad_7")
+TARGET_STATE_NAMES = ("x", "y", "vx", "vy", "red_dx", "red_dy", "blue_dx", "blue_dy")
 ACTION_NAMES = ("dx", "dy", "pad_2", "pad_3", "pad_4", "pad_5", "pad_6")
 STATE_DIM, ACTION_DIM = len(STATE_NAMES), len(ACTION_NAMES)
 
@@ -69,6 +72,11 @@ class ReachConfig:
     target_radius: float = 0.1
     grid: float = 0.125  # floor grid spacing, so the wrist camera sees motion
     trail_radius: float = 0.012  # the agent's past positions, drawn as grey dots (0: none)
+    state_targets: bool = False  # state[4:8]: each target's offset from the agent (module doc)
+
+    @property
+    def state_names(self) -> tuple[str, ...]:
+        return TARGET_STATE_NAMES if self.state_targets else STATE_NAMES
 
 
 @dataclass
@@ -154,6 +162,8 @@ class ReachEnv:
         cfg, targets = self.config, self.layout.targets
         state = np.zeros(STATE_DIM, np.float32)
         state[:4] = (*self.agent, *self.velocity)
+        if cfg.state_targets:
+            state[4:] = (*(targets["red"] - self.agent), *(targets["blue"] - self.agent))
         trail = np.array(self.path).reshape(-1, 2)
         return {
             "images": {
@@ -431,19 +441,21 @@ def write_demo_datasets(
     max_steps: int = 40,
     max_frames_per_file: int = 500,
     force: bool = False,
+    state_targets: bool = False,
 ) -> dict[str, dict[str, Any]]:
-    """Write ``root/{sft,rollout,eval}`` (existing ones are kept unless ``force``).
+    """Write ``root/{sft,rollout,eval}`` (existing ones are kept unless ``force``);
+    ``state_targets``: ``ReachConfig.state_targets``.
 
     Returns name -> {"path", "type", "version", "episodes", "successes", "frames", "written"}.
     """
-    config = ReachConfig(max_steps=max_steps)
+    config = ReachConfig(max_steps=max_steps, state_targets=state_targets)
     sizes = {"sft": sft_episodes, "rollout": rollout_episodes, "eval": eval_episodes}
     out = {}
     for spec in demo_datasets(config.fps, max_frames_per_file):
         path = Path(root) / spec.name
         written = force or not path.exists()
         if written:
-            writer = replace(spec.writer, state_names=STATE_NAMES, action_names=ACTION_NAMES)
+            writer = replace(spec.writer, state_names=config.state_names, action_names=ACTION_NAMES)
             episodes = generate_episodes(
                 sizes[spec.name],
                 seed=[seed, spec.stream],
@@ -476,13 +488,17 @@ def summarize_dataset(root: str | Path) -> dict[str, Any]:
 DEMO_PROMPT_WORDS = ("Task:", ".", "Advantage:", "positive", "negative")
 
 
-def write_demo_tokenizer(root: str | Path, force: bool = False) -> Path:
+def write_demo_tokenizer(root: str | Path, force: bool = False, state_bins: bool = False) -> Path:
     """A word-level tokenizer for the demo's prompts at ``{root}/tokenizer`` (kept if present):
-    the task texts plus the value prompt ``Task: ....`` and the advantage text."""
+    the task texts plus the value prompt ``Task: ....`` and the advantage text; ``state_bins``:
+    also openpi's state text (``State: 0 ... 255;`` ``Action:``), one word per bin, for
+    ``policy_data.state_in_prompt``."""
     from recap.data.transforms import write_word_tokenizer
 
     path = Path(root) / "tokenizer"
     if (path / "tokenizer.json").is_file() and not force:
         return path
     texts = [task_text(c) for c in COLORS] + [" ".join(DEMO_PROMPT_WORDS)]
+    if state_bins:
+        texts += ["State: ; Action: ,", " ".join(str(b) for b in range(256))]
     return write_word_tokenizer(path, texts)

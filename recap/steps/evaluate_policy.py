@@ -129,12 +129,15 @@ def evaluate_policy(
     max_steps: int = 40,
     noise_seed: int = 0,
     guidance: str = "positive",
+    state_targets: bool = False,
 ) -> dict[str, float]:
     """Success rate per beta (``{"beta_1.0": rate, ...}``) over ``num_episodes`` episodes whose
     layouts come from ``seed`` (held out from the demo data's seeds); ``run_dir`` defaults to
     ``train.run_dir``. ``guidance`` (RLinf's ``guidance_type``): ``"positive"``, ``"negative"``
     (the "Advantage: negative" prompt as the guided branch; refused for a policy trained with
-    ``positive_only_conditional``) or ``"no_guide"`` (the plain prompt only)."""
+    ``positive_only_conditional``) or ``"no_guide"`` (the plain prompt only).
+    ``state_targets``: the task's ``ReachConfig.state_targets``, as the demo data was written
+    (``recap-demo-data --state-targets``)."""
     run = Path(run_dir if run_dir is not None else gin.query_parameter("train.run_dir"))
     model, data = load_policy(model_fn, run), data_fn(export_stats=False)
     stats, path = run_stats(run)
@@ -145,7 +148,8 @@ def evaluate_policy(
     data.check_model(model)
     if data.conditioning in PLAIN:
         betas = [1.0]  # one prompt: guidance has nothing to contrast
-    results, outcomes, config = {}, {}, ReachConfig(max_steps=max_steps)
+    results, outcomes = {}, {}
+    config = ReachConfig(max_steps=max_steps, state_targets=state_targets)
     for beta in betas:
         start = time.perf_counter()
         adapter = PolicyAdapter(model, data, float(beta), num_steps, noise_seed, guidance)
@@ -160,7 +164,8 @@ def evaluate_policy(
               "guidance": guidance, "success": results,
               "outcomes": {k: v.astype(int).tolist() for k, v in outcomes.items()}}  # fmt: skip
     if data.conditioning not in PLAIN:
-        record["sensitivity"] = conditioning_sensitivity(model, data, seed, num_steps, noise_seed)
+        record["sensitivity"] = conditioning_sensitivity(model, data, seed, num_steps, noise_seed,
+                                                         config=config)  # fmt: skip
         print(f"{run.name}: conditioning sensitivity {record['sensitivity']}", flush=True)
     write_atomic({run / RESULTS_FILE: lambda p: p.write_text(json.dumps(record, indent=2) + "\n")})
     return results
@@ -173,6 +178,7 @@ def conditioning_sensitivity(
     num_steps: int | None = None,
     noise_seed: int = 0,
     frames: int = 64,
+    config: ReachConfig = ReachConfig(),
 ) -> dict[str, float]:
     """Does the policy read its label? On the first observation of ``frames`` held-out episodes
     (the evaluation's layouts), the mean L2 distance between action chunks (normalized space,
@@ -182,7 +188,8 @@ def conditioning_sensitivity(
     ``positive_only_conditional``, which never saw it), and, as the scale of "no effect", from
     the positive prompt with two different noises (``noise_reference``). A policy that ignores
     its label shows ~0 for the first two."""
-    obs = stack_observations([ReachEnv(0).reset(layout) for layout in seeded_layouts(frames, seed)])
+    layouts = seeded_layouts(frames, seed, config)
+    obs = stack_observations([ReachEnv(0, config).reset(layout) for layout in layouts])
     positive_only = data.conditioning == "positive_only_conditional"
     adapter = PolicyAdapter(model, data, 1.0, num_steps, noise_seed,
                             "positive" if positive_only else "negative")  # fmt: skip

@@ -34,7 +34,9 @@ from recap.data.synthetic import (
     generate_episodes,
     locate_target,
     write_demo_datasets,
+    write_demo_tokenizer,
 )
+from recap.data.transforms import load_tokenizer
 from recap.errors import RecapError
 
 SHORT = ReachConfig(max_steps=12)  # tiny episodes for the writer tests
@@ -100,6 +102,33 @@ def test_observation_layout_and_dynamics():
     assert (steps, success) == (40, False)
     with pytest.raises(RuntimeError):
         env.step(np.zeros(7))
+
+
+def test_state_targets_carry_each_targets_offset_from_the_agent(tmp_path):
+    config = ReachConfig(state_targets=True)
+    env = ReachEnv(seed=3, config=config)
+    obs = env.reset()
+    red, blue = env.layout.targets["red"], env.layout.targets["blue"]
+    np.testing.assert_allclose(obs["state"][4:], [*(red - env.agent), *(blue - env.agent)],
+                               atol=1e-7)  # fmt: skip
+    plain = ReachEnv(seed=3).reset()
+    np.testing.assert_array_equal(plain["state"][:4], obs["state"][:4])
+    np.testing.assert_array_equal(plain["state"][4:], np.zeros(4, np.float32))
+    for key in plain["images"]:  # the cameras show the same scene
+        np.testing.assert_array_equal(plain["images"][key], obs["images"][key])
+    obs, _, _ = env.step(np.array([1.0, 0.0, 0, 0, 0, 0, 0]))
+    np.testing.assert_allclose(obs["state"][4:6], red - env.agent, atol=1e-7)
+    assert config.state_names[4:] == ("red_dx", "red_dy", "blue_dx", "blue_dy")
+    assert ReachConfig().state_names[4:] == ("pad_4", "pad_5", "pad_6", "pad_7")
+    out = write_demo_datasets(tmp_path, seed=1, sft_episodes=2, rollout_episodes=2,
+                              eval_episodes=1, max_steps=12, state_targets=True)  # fmt: skip
+    ds = LocalDataset(out["rollout"]["path"])
+    assert ds.info["features"]["observation.state"]["names"][4:] == list(config.state_names[4:])
+    state = np.asarray(ds.read_columns(["observation.state"]).column(0)[0].as_py())
+    assert np.abs(state[4:]).max() > 0.1  # offsets, not padding
+    tokenizer = load_tokenizer(write_demo_tokenizer(tmp_path, state_bins=True))
+    ids = tokenizer("Task: reach the red target, State: 0 17 255;\nAction: ")["input_ids"]
+    assert 3 not in ids and len(ids) == 15  # no <unk>: a word per bin and per punctuation
 
 
 def test_trail_shows_the_path_brighter_when_recent():
