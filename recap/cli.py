@@ -23,7 +23,12 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from recap.config_check import KNOWN_CONFIGURABLES, check_required
+from recap.config_check import (
+    KNOWN_CONFIGURABLES,
+    check_config_dicts,
+    check_required,
+    gin_error_line,
+)
 from recap.errors import RecapError, one_line
 
 
@@ -57,7 +62,8 @@ def resolve_gin_file(name: str) -> str:
 
 
 def parse_gin(files: Sequence[str], params: Sequence[str]) -> None:
-    """Parse gin files and bindings; unknown configurables or parameters are a RecapError.
+    """Parse gin files and bindings; unknown configurables or parameters, and unknown keys of
+    the model size dicts, are a RecapError (one line, with the nearest valid names).
     Bindings of recap's own configurables that this process has not imported (a file or an
     ``all/`` binding shared by every step) are skipped here; the pipeline imports them all and
     checks every binding before anything runs."""
@@ -75,12 +81,10 @@ def parse_gin(files: Sequence[str], params: Sequence[str]) -> None:
         gin.parse_config_files_and_bindings(resolved, list(params), finalize_config=False,
                                             skip_unknown=list(KNOWN_CONFIGURABLES))  # fmt: skip
     except (ValueError, KeyError, SyntaxError, ImportError, OSError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise RecapError(
-            f"gin config: {first}; check the binding names in {files or params}"
-        ) from exc
+        raise RecapError(f"gin config: {gin_error_line(exc, files or params)}") from exc
     finally:
         logging.getLogger().removeFilter(quiet)
+    check_config_dicts()  # keys of the model size dicts (pi05_policy.vision = {...})
     if "recap.models.adapters" in sys.modules:  # LoRA / frozen towers: one line at parse time
         sys.modules["recap.models.adapters"].check_gin()
 

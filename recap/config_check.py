@@ -12,12 +12,23 @@ the REQUIRED parameters left unbound, directly or through a macro that is itself
 calls, so bindings of recap's other configurables (a file shared by all steps, ``all/``
 bindings) are skipped there by name; any other unknown name is still an error, and the pipeline,
 which imports everything, checks every binding before anything runs.
+
+Typed model factories (``config_fields``): ``value_model`` and ``pi05_policy`` take the fields of
+their config dataclass, and gin checks every binding of theirs against exactly those names at
+parse time (``value_model.expert_widht`` is an error there, not a ``TypeError`` on every rank);
+their size dicts (``pi05_policy.vision = {...}``) are checked against the Hugging Face config
+class they feed (``check_config_dicts``). ``gin_error_line`` turns gin's parse errors into one
+line with the nearest valid names.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import functools
 import inspect
-from collections.abc import Callable, Iterator
+import re
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import gin
@@ -81,7 +92,7 @@ def _required_params(entry: gin_config.Configurable) -> tuple[list[str], list[ob
     for param in inspect.signature(fn).parameters.values():
         if param.default is gin.REQUIRED:
             required.append(param.name)
-        elif callable(param.default):
+        elif param.default is not param.empty and callable(param.default):
             defaults.append(param.default)
     return required, defaults
 
@@ -212,3 +223,107 @@ def _collect_macros(value: object, out: set[str]) -> None:
 def macros_defined() -> set[str]:
     """Names of the macros the parsed config defines."""
     return {scope for scope, selector in gin_config._CONFIG if selector == "gin.macro"}
+
+
+# ---- typed model factories ------------------------------------------------------------------
+
+
+def config_fields(config: type, **dicts: type | tuple[type, tuple[str, ...]]) -> Callable:
+    """Declare that a gin factory ``fn(..., **fields)`` takes exactly the fields of dataclass
+    ``config``: its signature (what gin checks each binding name against while parsing) lists
+    them as keyword-only parameters in place of ``**fields``. Apply it below
+    ``@gin.configurable``. Only bound fields reach ``fields`` (an unbound one keeps the config's
+    or the checkpoint's value), so the added parameters carry no default.
+
+    ``dicts``: parameters holding keyword arguments of a Hugging Face config class, as
+    ``name=Class`` or ``name=(Class, keys the factory sets itself)``; ``check_config_dicts``
+    checks their keys after parsing."""
+
+    def declare(fn: Callable) -> Callable:
+        sig = inspect.signature(fn)
+        own = [p for p in sig.parameters.values() if p.kind is not p.VAR_KEYWORD]
+        taken = {p.name for p in own}
+        added = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, annotation=f.type)
+                 for f in dataclasses.fields(config) if f.name not in taken]  # fmt: skip
+        fn.__signature__ = sig.replace(parameters=[*own, *added])
+        fn.config_dicts = {k: v if isinstance(v, tuple) else (v, ()) for k, v in dicts.items()}
+        return fn
+
+    return declare
+
+
+@functools.cache
+def config_keys(cls: type) -> tuple[str, ...]:
+    """The keys a Hugging Face config class accepts: its ``__init__`` parameters and the
+    attributes ``to_dict`` writes (``model_type``, ``_name_or_path``, ...)."""
+    return tuple(sorted({*_param_names(cls.__init__), *cls().to_dict()}))
+
+
+def _param_names(fn: Callable) -> list[str]:
+    """Names ``fn`` takes by keyword (not ``self``, ``*args``, ``**kwargs``), in order."""
+    params = inspect.signature(fn).parameters.values()
+    return [p.name for p in params
+            if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and p.name != "self"]  # fmt: skip
+
+
+def _nearest(name: str, names: Sequence[str]) -> str:
+    close = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
+    return f"nearest valid: {', '.join(close)}" if close else f"valid: {', '.join(names)}"
+
+
+def check_config_dicts() -> None:
+    """One-line ``RecapError`` for a key of a bound size dict (``config_fields`` ``dicts``, any
+    scope) that its Hugging Face config class does not take, or that the factory sets itself."""
+    for _, entry in sorted(gin_config._REGISTRY.items(), key=lambda item: item[0]):
+        dicts = getattr(entry.wrapped, "config_dicts", None)
+        if not dicts:
+            continue
+        for (scope, selector), bindings in gin_config._CONFIG.items():
+            if selector != entry.selector:
+                continue
+            where = f"{scope}/{entry.name}" if scope else entry.name
+            for param, (cls, own) in dicts.items():
+                value = resolve(bindings.get(param))
+                if value is None or isinstance(value, gin_config.ConfigurableReference):
+                    continue
+                if not isinstance(value, dict):
+                    raise RecapError(f"gin config: {where}.{param}={value!r}; bind a dict of "
+                                     f"{cls.__name__} arguments")  # fmt: skip
+                keys = [k for k in config_keys(cls) if k not in own]
+                for key in value:
+                    if key in own:
+                        raise RecapError(f"gin config: {where}.{param} sets {key!r}, which "
+                                         f"{entry.name} sets itself; remove it")  # fmt: skip
+                    if key not in keys:
+                        raise RecapError(
+                            f"gin config: {where}.{param} has unknown key {key!r} (not a "
+                            f"{cls.__name__} argument); {_nearest(str(key), keys)}"
+                        )
+
+
+_NO_PARAMETER = re.compile(r"Configurable '(.+)' doesn't have a parameter named '(.+)'\.")
+_LOCATION = re.compile(r'^\s*In (?:file "(.+)", line (\d+)|bindings string line (\d+))$')
+
+
+def gin_error_line(exc: BaseException, sources: Sequence[str]) -> str:
+    """gin's parse error in one line: the message, where (file and line, or the binding; else
+    the ``sources`` parsed), and for an unknown parameter the nearest names the configurable
+    takes."""
+    lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+    if not lines:
+        return f"{type(exc).__name__}; check the binding names in {list(sources)}"
+    first, where = lines[0], f"; check the binding names in {list(sources)}"
+    location = _LOCATION.match(lines[1]) if len(lines) > 1 else None
+    if location:
+        file, line, _ = location.groups()
+        text = lines[2].strip() if len(lines) > 2 else ""
+        where = f" ({file} line {line}: {text})" if file else f" (binding {text!r})"
+    unknown = _NO_PARAMETER.match(first)
+    if unknown:
+        selector, param = unknown.groups()
+        found = gin_config._REGISTRY.get_match(selector)
+        if found is not None:
+            fn = found.wrapped.__init__ if inspect.isclass(found.wrapped) else found.wrapped
+            names = _param_names(fn)
+            return f"{selector} has no parameter {param!r}{where}; {_nearest(param, names)}"
+    return f"{first}{where}"

@@ -10,7 +10,9 @@ A pipeline gin file names each step's own gin files and extra bindings::
     pipeline.ranks = 2
 
 Command-line bindings ``STEP/binding`` (``value/deepspeed_config.lr = 3e-4``; STEP is a step
-name, ``evaluate`` or ``all``) go to that step; other bindings configure the pipeline itself.
+name, ``evaluate`` or ``all``) go to that step, the prefix taken off once (``value/value/x.y``:
+gin scope ``value`` in the value step); other bindings configure the pipeline itself
+(``pipeline.*``, a macro its files read, ``include``): any other is a one-line error.
 
 Stages, in order (``needs`` in brackets): returns; value [returns]; advantages [value];
 policy [advantages]; baseline (behaviour cloning, no advantage text) []; evaluate_policy
@@ -21,9 +23,10 @@ evaluations (demo task only, ``pipeline.evaluate``) are single processes. Severa
 ``--hostfile`` / ``--num_nodes`` / ``--master_addr`` / ``--launcher`` to every ``deepspeed``
 command (``ranks`` is then per node).
 
-Content-addressed outputs: a stage's fingerprint hashes its full gin configuration (every
-binding of its files plus the extra ones) and the fingerprints of the stages it needs. Its run
-directory is ``{run_root}/{stage}/{fingerprint[:12]}`` and the advantages tag
+Content-addressed outputs: a stage's fingerprint hashes its full gin configuration (gin's
+``config_str()`` of its files plus the extra ones, complete; ``Tracker`` bindings left out) and
+the fingerprints of the stages it needs. Its run directory is
+``{run_root}/{stage}/{fingerprint[:12]}`` and the advantages tag
 ``adv_{fingerprint[:12]}``, so rerunning the same configuration skips finished stages, changing
 one binding reruns only that stage and those after it (an interrupted training resumes from its
 checkpoint), going back to an earlier configuration reuses its outputs, sweep points share what
@@ -54,7 +57,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from recap.cli import parse_gin
-from recap.config_check import bound, check_required
+from recap.config_check import bound, check_required, macros_read
 from recap.errors import RecapError
 
 STEP_KEYS = ("returns", "value", "advantages", "policy", "baseline")
@@ -207,15 +210,40 @@ def _check_multinode(
 
 
 def split_params(params: Sequence[str]) -> tuple[list[str], dict[str, list[str]]]:
-    """Command-line bindings -> (pipeline bindings, {scope: step bindings})."""
+    """Command-line bindings -> (pipeline bindings, {scope: step bindings}). A binding that
+    configures neither (``valeu/train.max_steps``, ``train.max_steps``) is a one-line error."""
     own, scoped = [], {}
     for param in params:
         match = _SCOPED.match(param)
         if match:
             scoped.setdefault(match.group(1), []).append(match.group(2).strip())
         else:
+            _check_own(param)
             own.append(param)
     return own, scoped
+
+
+def _check_own(param: str) -> None:
+    """A command-line binding without a step prefix configures the pipeline itself: it must be
+    ``pipeline.*``, a macro or an ``include`` / ``import`` (the pipeline's gin files read them);
+    anything else would be silently dropped."""
+    import difflib
+
+    lhs = param.partition("=")[0].strip()
+    if re.match(r"^(include|import)\s", lhs):
+        return
+    scope, _, name = lhs.rpartition("/")
+    steps = ", ".join(SCOPES)
+    if scope:
+        step, _, rest = lhs.partition("/")
+        close = difflib.get_close_matches(step, SCOPES, n=1, cutoff=0.6)
+        fix = (f"did you mean {close[0]}/{rest}? (STEP one of {steps})" if close
+               else f"bind STEP/{rest} with STEP one of {steps}")  # fmt: skip
+        raise RecapError(f"--gin_param {param.strip()!r}: {step!r} is not a pipeline step; {fix}")
+    if "." in name and name.split(".")[0] != "pipeline":
+        raise RecapError(f"--gin_param {param.strip()!r}: configures no step (the pipeline's "
+                         f"own bindings are pipeline.*); bind STEP/{name} with STEP one of "
+                         f"{steps}")  # fmt: skip
 
 
 @dataclass
@@ -242,17 +270,36 @@ def _register_configurables() -> None:
     import recap.steps.train  # noqa: F401
 
 
-def _bindings_of(files: list[str], params: list[str], where: str) -> dict[str, str]:
-    """Every binding of ``files`` + ``params`` after gin parses them (checks them too)."""
-    from recap.engine.tracking import gin_bindings
-
+def _parse_step(files: list[str], params: list[str], where: str) -> None:
+    """gin parses ``files`` + ``params`` alone (and checks every binding)."""
     gin.clear_config()
     try:
         parse_gin(files, params)
     except RecapError as exc:
         raise RecapError(f"pipeline step {where}: {exc}") from exc
-    out = {k: v for k, v in gin_bindings().items() if not k.startswith("Tracker.")}
-    return out
+
+
+_TRACKER_LINE = re.compile(r"^(\S+/)?(\S+\.)?Tracker\.\w+ = ")
+
+
+def config_text(where: str) -> str:
+    """The parsed gin config that fingerprints a stage: gin's public ``config_str()``, complete
+    (every binding and macro on one line each, nothing truncated), less ``Tracker`` bindings
+    (where a run is logged, not what it computes). Raises rather than hash something partial."""
+    try:
+        text = gin.config_str(max_line_length=1_000_000)
+    except Exception as exc:
+        raise RecapError(
+            f"pipeline step {where}: gin.config_str() failed ({type(exc).__name__}: {exc}); "
+            "the stage fingerprint needs its complete config"
+        ) from exc
+    lines = [line for line in text.splitlines() if line.strip() and not line.startswith("#")]
+    if not lines:
+        raise RecapError(
+            f"pipeline step {where}: gin.config_str() lists no binding of its gin files; "
+            "the stage fingerprint needs its complete config"
+        )
+    return "\n".join(line for line in lines if not _TRACKER_LINE.match(line))
 
 
 def _sidecars(kind: str, prefix: str, tag: str | None = None) -> list[Path]:
@@ -268,6 +315,13 @@ def _sidecars(kind: str, prefix: str, tag: str | None = None) -> list[Path]:
 def plan(config: PipelineConfig, scoped: dict[str, list[str]]) -> dict[str, Planned]:
     """Fingerprint, bindings and outputs of every chosen stage, in order (gin checks them all)."""
     _register_configurables()
+    try:
+        return _plan(config, scoped)
+    finally:  # a step that fails to parse leaves no bindings behind
+        gin.clear_config()
+
+
+def _plan(config: PipelineConfig, scoped: dict[str, list[str]]) -> dict[str, Planned]:
     planned: dict[str, Planned] = {}
     root = config.run_root
     for name in config.stages:
@@ -278,9 +332,9 @@ def plan(config: PipelineConfig, scoped: dict[str, list[str]]) -> dict[str, Plan
         if stage.evaluation:
             extra += [*config.bindings.get("evaluate", []), *scoped.get("evaluate", [])]
         inputs = _input_bindings(stage, planned)
-        config_bindings = _bindings_of(files, [*extra, *inputs], name)
+        _parse_step(files, [*extra, *inputs], name)
         digest = hashlib.sha256()
-        digest.update(json.dumps([name, sorted(config_bindings.items())]).encode())
+        digest.update(json.dumps([name, config_text(name)]).encode())
         for need in stage.needs:
             digest.update(planned[need].fingerprint.encode())
         fingerprint = digest.hexdigest()
@@ -290,7 +344,7 @@ def plan(config: PipelineConfig, scoped: dict[str, list[str]]) -> dict[str, Plan
             params.append(f'Tracker.run_name = "{config.name}/{name}"')
             if config.sweep_name:
                 params.append(f'Tracker.sweep_name = "{config.sweep_name}"')
-        _bindings_of(files, params, name)  # the final bindings parse too; queries below use them
+        _parse_step(files, params, name)  # the final bindings parse too; queries below use them
         check_required(stage.entry, f"pipeline step {name}: ", f"{stage.step}/")
         if stage.module == _TRAIN:  # NVMe parameter offload: can this machine swap at all?
             from recap.engine.deepspeed_config import check_nvme_offload
@@ -307,7 +361,6 @@ def plan(config: PipelineConfig, scoped: dict[str, list[str]]) -> dict[str, Plan
         elif not stage.evaluation:
             item.outputs = [run_dir / "model.safetensors"]
         planned[name] = item
-    gin.clear_config()
     return planned
 
 
@@ -638,10 +691,19 @@ SWEEP_KEYS = {"name", "gin_files", "gin_params", "grid"}
 def load_pipeline(files: Sequence[str], params: Sequence[str], **overrides) -> PipelineConfig:
     """Parse the pipeline's gin files and (unscoped) bindings into its config."""
     gin.clear_config()
-    parse_gin(files, params)
-    config = pipeline_config(**overrides)
-    gin.clear_config()
-    return config
+    try:
+        parse_gin(files, params)
+        read = macros_read("pipeline")
+        for param in params:
+            macro = param.partition("=")[0].strip()
+            if re.fullmatch(r"\w+", macro) and macro not in read:
+                raise RecapError(
+                    f"--gin_param {param.strip()!r}: the pipeline's own config reads no macro "
+                    f"{macro}; bind STEP/{macro} (all/{macro}: every step)"
+                )
+        return pipeline_config(**overrides)
+    finally:
+        gin.clear_config()
 
 
 def dry_run(

@@ -155,3 +155,102 @@ def test_a_step_command_refuses_before_it_runs(tmp_path, capsys):
         "--gin_param 'train.data_fn = ...'\n"
     )
     assert not (tmp_path / "run").exists()
+
+
+# ---- typed model factories: every binding name and size-dict key checked at parse time ---------
+
+
+def error_of(files=(), params=()) -> str:
+    gin.clear_config()
+    with pytest.raises(RecapError) as err:
+        parsed(files, params)
+    return str(err.value)
+
+
+def test_a_typod_model_size_binding_is_one_line_naming_the_nearest_fields(tmp_path):
+    assert error_of(params=["value_model.expert_widht = 128"]) == (
+        "gin config: value_model has no parameter 'expert_widht' (binding "
+        "'value_model.expert_widht = 128'); nearest valid: expert_width, expert_depth, "
+        "expert_style"
+    )
+    assert error_of(params=["pi05_policy.actoin_horizon = 10"]) == (
+        "gin config: pi05_policy has no parameter 'actoin_horizon' (binding "
+        "'pi05_policy.actoin_horizon = 10'); nearest valid: action_horizon"
+    )
+    path = tmp_path / "sizes.gin"
+    path.write_text("value_model.expert_width = 64\nvalue_model.expert_mpl = 128\n")
+    assert error_of(files=[str(path)]) == (
+        f"gin config: value_model has no parameter 'expert_mpl' ({path} line 2: "
+        "value_model.expert_mpl = 128); nearest valid: expert_mlp, expert_style, expert_depth"
+    )
+    assert error_of(params=["train.max_stepz = 3"]) == (  # every configurable alike
+        "gin config: train has no parameter 'max_stepz' (binding 'train.max_stepz = 3'); "
+        "nearest valid: max_steps"
+    )
+
+
+def test_an_unknown_key_in_a_size_dict_is_one_line_naming_the_nearest_keys():
+    assert error_of(params=["pi05_policy.vision = {'hiden_size': 32}"]) == (
+        "gin config: pi05_policy.vision has unknown key 'hiden_size' (not a SiglipVisionConfig "
+        "argument); nearest valid: hidden_size, image_size, patch_size"
+    )
+    # Gemma3 calls it hidden_activation; any scope, macros resolved
+    assert error_of(params=["ACT = 'gelu'", "value/value_model.text = {'hidden_act': %ACT}"]) == (
+        "gin config: value/value_model.text has unknown key 'hidden_act' (not a Gemma3TextConfig "
+        "argument); nearest valid: hidden_activation, hidden_size"
+    )
+    assert error_of(params=["pi05_policy.expert = {'hidden_size': 32, 'hidden_act': 'gelu'}"]) == (
+        "gin config: pi05_policy.expert sets 'hidden_act', which pi05_policy sets itself; remove it"
+    )
+    assert error_of(params=["value_model.vision = [32]"]) == (
+        "gin config: value_model.vision=[32]; bind a dict of SiglipVisionConfig arguments"
+    )
+
+
+def test_the_shipped_gin_files_and_size_dicts_parse():
+    from recap.cli import GIN_DIR
+
+    for path in sorted(GIN_DIR.glob("**/*.gin")):
+        gin.clear_config()
+        parsed([str(path)])
+    gin.clear_config()
+    parsed([], ["pi05_policy.vision = {'hidden_size': 32, 'model_type': 'siglip_vision_model'}",
+                "pi05_policy.text = {'vocab_size': 32, 'hidden_act': 'gelu_pytorch_tanh'}",
+                "value_model.text = {'hidden_activation': 'gelu_pytorch_tanh'}"])  # fmt: skip
+
+
+def test_the_typed_factories_take_exactly_their_config_fields_and_pass_only_bound_ones():
+    import dataclasses
+    import inspect
+
+    from recap.models.pi05 import Pi05Config, pi05_policy
+    from recap.models.value import ValueModelConfig, value_model
+    from tests.models import EXPERT, TEXT, VISION
+
+    for fn, config, own in (
+        (value_model, ValueModelConfig, ["siglip_path", "gemma_path", "lora", "freeze"]),
+        (pi05_policy, Pi05Config, ["checkpoint", "layout", "variant", "lora", "freeze"]),
+    ):
+        fields = [f.name for f in dataclasses.fields(config)]
+        assert set(inspect.signature(fn).parameters) == {*own, *fields}
+    parsed([], [f"value_model.vision = {VISION!r}", f"value_model.text = {TEXT!r}",
+                *(f"value_model.{k} = {v!r}" for k, v in EXPERT.items())])  # fmt: skip
+    model = value_model()
+    assert (model.config.expert_width, model.config.expert_mlp) == (16, 32)
+    assert model.config.num_bins == ValueModelConfig.num_bins  # unbound: the config's default
+
+
+def test_a_step_command_refuses_a_typod_size_before_it_runs(tmp_path, capsys):
+    from recap.cli import run_command
+    from recap.steps.train import train
+
+    argv = ["--gin_file", "engine.gin", "--gin_param", "train.model_fn = @value_model",
+            "--gin_param", f'train.run_dir = "{tmp_path / "run"}"',
+            "--gin_param", "value_model.expert_widht = 64"]  # fmt: skip
+    assert run_command(train, argv) == 2
+    assert capsys.readouterr().err == (
+        "error: gin config: value_model has no parameter 'expert_widht' (binding "
+        "'value_model.expert_widht = 64'); nearest valid: expert_width, expert_depth, "
+        "expert_style\n"
+    )
+    assert not (tmp_path / "run").exists()

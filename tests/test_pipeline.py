@@ -158,6 +158,18 @@ def test_a_value_binding_changes_value_and_everything_after_it_only(tmp_path):
     }
 
 
+def test_a_gin_scope_named_like_a_step_is_reached_under_its_step_prefix(tmp_path):
+    """``STEP/`` is taken off once: ``value/value/train.max_steps`` is the value step's binding
+    ``value/train.max_steps`` (gin scope ``value``), not the step's unscoped one."""
+    own, scoped = split_params([*tiny_params(tmp_path), "value/value/train.max_steps = 7"])
+    planned = plan(load_pipeline(["demo/pipeline.gin"], own), scoped)
+    assert "value/train.max_steps = 7" in planned["value"].params
+    assert "train.max_steps = 2" in planned["value"].params  # tiny_params' own, untouched
+    base = fingerprints(tmp_path)
+    assert planned["value"].fingerprint != base["value"]
+    assert planned["returns"].fingerprint == base["returns"]
+
+
 def test_split_params():
     own, scoped = split_params(
         ["pipeline.ranks = 2", "value/train.max_steps = 3", "all/DEMO_DATA = 'x'"]
@@ -180,6 +192,8 @@ def test_bad_pipeline_config(tmp_path, param, message):
 
 
 def test_bad_step_binding_fails_before_anything_runs(tmp_path, capsys):
+    import gin
+
     from recap.pipeline import main
 
     params = [*tiny_params(tmp_path), "value/train.max_stepz = 3"]
@@ -187,9 +201,83 @@ def test_bad_step_binding_fails_before_anything_runs(tmp_path, capsys):
         ["--gin_file", "demo/pipeline.gin", *[a for p in params for a in ("--gin_param", p)]]
     )
     assert code == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("error: pipeline step value: gin config:") and "max_stepz" in err
+    assert capsys.readouterr().err == (
+        "error: pipeline step value: gin config: train has no parameter 'max_stepz' (binding "
+        "'train.max_stepz = 3'); nearest valid: max_steps\n"
+    )
     assert not (tmp_path / "runs").exists()
+    assert gin.config_str() == ""  # the failed plan left no bindings behind
+
+
+def dry_run_error(tmp_path: Path, capsys, *extra: str) -> str:
+    """The one error line of ``--dry_run`` with ``extra`` bindings (exit 2, nothing written)."""
+    from recap.pipeline import main
+
+    params = [*tiny_params(tmp_path), *extra]
+    argv = ["--gin_file", "demo/pipeline.gin", "--dry_run"]
+    assert main([*argv, *[a for p in params for a in ("--gin_param", p)]]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and not (tmp_path / "runs").exists()
+    return captured.err
+
+
+STEPS = "returns, value, advantages, policy, baseline, evaluate, all"
+
+
+@pytest.mark.parametrize(
+    "param, line",
+    [
+        ("value/value_model.expert_widht = 64", "pipeline step value: gin config: value_model has "
+         "no parameter 'expert_widht' (binding 'value_model.expert_widht = 64'); nearest valid: "
+         "expert_width, expert_depth, expert_style"),
+        ("policy/pi05_policy.vision = {'hidden_size': 32, 'num_layers': 2}", "pipeline step "
+         "policy: gin config: pi05_policy.vision has unknown key 'num_layers' (not a "
+         "SiglipVisionConfig argument); nearest valid: num_hidden_layers, num_channels"),
+        ("valeu/train.max_steps = 3", "--gin_param 'valeu/train.max_steps = 3': 'valeu' is not a "
+         f"pipeline step; did you mean value/train.max_steps? (STEP one of {STEPS})"),
+        ("critic/train.max_steps = 3", "--gin_param 'critic/train.max_steps = 3': 'critic' is "
+         f"not a pipeline step; bind STEP/train.max_steps with STEP one of {STEPS}"),
+        ("train.max_steps = 3", "--gin_param 'train.max_steps = 3': configures no step (the "
+         "pipeline's own bindings are pipeline.*); bind STEP/train.max_steps with STEP one of "
+         f"{STEPS}"),
+        ('DATA = "/data"', "--gin_param 'DATA = \"/data\"': the pipeline's own config reads no "
+         "macro DATA; bind STEP/DATA (all/DATA: every step)"),
+    ],
+)  # fmt: skip
+def test_a_typo_in_a_model_size_or_a_step_name_is_one_line_before_any_launch(
+    tmp_path, capsys, param, line
+):
+    assert dry_run_error(tmp_path, capsys, param) == f"error: {line}\n"
+
+
+def test_a_fingerprint_hashes_the_complete_config_and_fails_loudly(tmp_path, monkeypatch):
+    """Values that differ after character 6,000 (MLflow's param limit) are different stages;
+    Tracker bindings (where a run is logged) are not; no config text, no plan."""
+    import gin
+
+    base = fingerprints(tmp_path, f'value/NOTE = "{"x" * 7000}a"')
+    other = fingerprints(tmp_path, f'value/NOTE = "{"x" * 7000}b"')
+    assert {k for k in base if base[k] != other[k]} == {
+        "value",
+        "advantages",
+        "policy",
+        "evaluate_policy",
+    }
+    tracked = fingerprints(
+        tmp_path, f'value/NOTE = "{"x" * 7000}a"', 'all/Tracker.experiment = "e"'
+    )
+    assert tracked == base
+
+    def broken(*args, **kwargs):
+        raise AttributeError("'Configurable' object has no attribute 'selector'")
+
+    monkeypatch.setattr(gin, "config_str", broken)
+    with pytest.raises(RecapError) as err:
+        fingerprints(tmp_path)
+    assert str(err.value) == (
+        "pipeline step returns: gin.config_str() failed (AttributeError: 'Configurable' object "
+        "has no attribute 'selector'); the stage fingerprint needs its complete config"
+    )
 
 
 def test_sweep_plans_every_point_and_shares_common_steps(tmp_path, capsys):

@@ -29,7 +29,10 @@ MAX_PARAM_CHARS = 6000
 
 
 def gin_bindings() -> dict[str, str]:
-    """Every gin binding as ``{"scope/name.param": repr(value)}`` (empty if gin changes shape)."""
+    """Every gin binding as ``{"scope/name.param": repr(value)}``, each cut at MLflow's param
+    limit (empty, with a warning, if gin changes shape): for MLflow params only, where a miss
+    must not stop a run. Stage fingerprints hash ``gin.config_str()`` whole and fail loudly
+    (``recap.pipeline.config_text``)."""
     try:
         out = {}
         for (scope, selector), values in gin.config._CONFIG.items():

@@ -51,6 +51,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import AutoModel, GemmaConfig, SiglipVisionConfig
 
+from recap.config_check import config_fields
 from recap.data.transforms import frames_to_images
 from recap.errors import RecapError
 from recap.models.adapters import LoraOptions, adapt, check_freeze
@@ -75,6 +76,10 @@ GEMMA_300M = {
     "hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 18,
     "num_attention_heads": 8, "num_key_value_heads": 1, "head_dim": 256,
 }  # fmt: skip
+# GemmaConfig arguments ``Pi05Config.expert_config`` sets itself (an ``expert`` key among them
+# would be a second value for one keyword)
+EXPERT_FROM_TEXT = ("vocab_size", "pad_token_id", "bos_token_id", "eos_token_id", "rms_norm_eps",
+                    "hidden_act")  # fmt: skip
 SHARED_HEADS = ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim")
 # openpi ``to_bfloat16_for_selected_params``: modules kept in float32 under bf16 (fnmatch on names)
 FP32_MODULES = (
@@ -453,6 +458,8 @@ def build_pi05(config: Pi05Config, dtype: torch.dtype = torch.float32) -> Pi05Po
 
 
 @gin.configurable
+@config_fields(Pi05Config, vision=SiglipVisionConfig, text=GemmaConfig,
+               expert=(GemmaConfig, EXPERT_FROM_TEXT))  # fmt: skip
 def pi05_policy(
     checkpoint: str | None = None,
     layout: str | None = None,
@@ -466,7 +473,9 @@ def pi05_policy(
     names an openpi config (``pi05_base``, ``pi05_libero``, ...) for checkpoints that carry no
     config file (openpi's training checkpoints); ``fields`` still win. ``lora``
     (``@LoraOptions()``) and ``freeze`` (towers: ``vision``, ``language_model``, ``expert``,
-    ``projector``): ``recap.models.adapters``."""
+    ``projector``): ``recap.models.adapters``. Each ``Pi05Config`` field is a parameter gin
+    checks at parse time (``config_fields``), as are the keys of ``vision`` / ``text`` /
+    ``expert`` (``SiglipVisionConfig`` / ``GemmaConfig`` arguments)."""
     from recap.models.checkpoints import load_pi05, variant_fields
 
     freeze = check_freeze(freeze, "pi05_policy.freeze")

@@ -40,6 +40,7 @@ from torch import nn
 from transformers import AutoModel, Gemma3TextConfig, SiglipVisionConfig
 from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
 
+from recap.config_check import config_fields
 from recap.data.transforms import frames_to_images
 from recap.errors import RecapError
 from recap.models import layers
@@ -461,6 +462,7 @@ def load_value_model(directory: str | os.PathLike) -> ValueModel:
 
 
 @gin.configurable
+@config_fields(ValueModelConfig, vision=SiglipVisionConfig, text=Gemma3TextConfig)
 def value_model(
     siglip_path: str | None = None,
     gemma_path: str | None = None,
@@ -474,7 +476,9 @@ def value_model(
     ``vision``/``text`` config dicts (default: the real sizes, SigLIP so400m + Gemma3-270M).
     ``lora`` (``@LoraOptions()``: adapters on the Gemma3 layers the expert reads; critic
     expert and head fully trained) and ``freeze`` (towers ``vision``, ``language_model``,
-    ``expert``, ``projector``): ``recap.models.adapters``."""
+    ``expert``, ``projector``): ``recap.models.adapters``. ``sizes``: other ``ValueModelConfig``
+    fields, each a parameter gin checks at parse time (``config_fields``), as are the keys of
+    ``vision`` / ``text`` (``SiglipVisionConfig`` / ``Gemma3TextConfig`` arguments)."""
     freeze = check_freeze(freeze, "value_model.freeze")
     if (siglip_path is None) != (gemma_path is None):
         raise RecapError(
