@@ -26,6 +26,7 @@ setup(
             "recap-demo-data = recap.commands.make_demo_data:main",
             "recap-import = recap.commands.import_rlinf:main",
             "recap-serve = recap.commands.serve:main",
+            "recap-collect = recap.commands.collect:main",
         ]
     },
     python_requires=">=3.10",

@@ -16,5 +16,6 @@ plan_memory         recap-plan-memory     per-rank memory plan of a ZeRO-3 run
 sweep               recap-sweep           one training launch per grid point
 make_demo_data      recap-demo-data       the demo LeRobot datasets
 serve               recap-serve           a policy to robots (openpi websocket protocol)
+collect             recap-collect         rollouts (+ expert corrections) as a new dataset
 =================== ===================== ======================================================
 """

@@ -28,7 +28,7 @@ import struct
 import tempfile
 import zlib
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -57,7 +57,9 @@ class Episode:
 
     images: camera name (``"image"``, ``"wrist_image"``) -> uint8[T, H, W, 3];
     state: float32[T, S]; action: float32[T, A]; task: its language instruction;
-    success: the episode outcome (written as ``is_success`` on every frame).
+    success: the episode outcome (written as ``is_success`` on every frame);
+    flags: extra boolean per-frame columns, name -> bool[T] (e.g. ``is_correction``: frames an
+    expert controlled); every episode of a dataset names the same ones (none by default).
     """
 
     images: dict[str, np.ndarray]
@@ -65,6 +67,7 @@ class Episode:
     action: np.ndarray
     task: str
     success: bool
+    flags: dict[str, np.ndarray] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return int(self.state.shape[0])
@@ -360,6 +363,7 @@ class _Writer:
         self.features: dict[str, dict[str, Any]] = {}
         self.keys: dict[str, str] = {}
         self.cameras: list[str] = []
+        self.flags: list[str] = []  # Episode.flags names, fixed by the first episode
         self.schema: pa.Schema | None = None
         self.videos: dict[str, VideoEncoder] = {}
         self.data_writer: pq.ParquetWriter | None = None
@@ -387,6 +391,11 @@ class _Writer:
             self.features[key] = {"dtype": "float32", "shape": [width], "names": names}
         for name, dtype in [("is_success", "bool"), ("done", "bool"), ("timestamp", "float32")]:
             self.features[name] = {"dtype": dtype, "shape": [1], "names": None}
+        self.flags = list(ep.flags)
+        for name in self.flags:
+            if name in self.features or name in INDEX_COLUMNS:
+                raise RecapError(f"Episode.flags: {name!r} is already a column; rename the flag")
+            self.features[name] = {"dtype": "bool", "shape": [1], "names": None}
         for name in INDEX_COLUMNS[1:]:
             self.features[name] = {"dtype": "int64", "shape": [1], "names": None}
         self.schema = self._schema()
@@ -433,11 +442,17 @@ class _Writer:
         """Write one episode's frames (parquet rows, video frames) and record its metadata."""
         if not self.features:
             self._init_features(ep)
+        if sorted(ep.flags) != sorted(self.flags):
+            raise RecapError(
+                f"episode {self.num_episodes}: Episode.flags {sorted(ep.flags)}; "
+                f"every episode must have the first one's, {sorted(self.flags)}"
+            )
         lengths = {len(ep.state), len(ep.action), *(len(v) for v in ep.images.values())}
+        lengths |= {len(v) for v in ep.flags.values()}
         if sorted(ep.images) != sorted(self.cameras) or len(lengths) != 1 or not len(ep):
             raise RecapError(
                 f"episode {self.num_episodes}: cameras {sorted(ep.images)} (expected "
-                f"{self.cameras}) and state/action/image lengths {sorted(lengths)} must agree"
+                f"{self.cameras}) and state/action/image/flag lengths {sorted(lengths)} must agree"
             )
         ep_index, length = self.num_episodes, len(ep)
         task_index = self.tasks.setdefault(ep.task, len(self.tasks))
@@ -470,6 +485,8 @@ class _Writer:
             columns[self.keys[part]] = pa.FixedSizeListArray.from_arrays(flat, values.shape[1])
         columns["is_success"] = pa.array(np.full(length, bool(ep.success)))
         columns["done"] = pa.array(frame_index == length - 1)
+        for name in self.flags:
+            columns[name] = pa.array(np.asarray(ep.flags[name], dtype=bool).reshape(length))
         columns["timestamp"] = pa.array((frame_index / cfg.fps).astype(np.float32))
         columns["frame_index"] = pa.array(frame_index)
         columns["episode_index"] = pa.array(np.full(length, ep_index, np.int64))

@@ -300,10 +300,11 @@ def episode_outcomes(
     seed: int = 0,
     batch_size: int = 32,
     config: ReachConfig = ReachConfig(),
+    headings: list[float] | None = None,
 ) -> np.ndarray:
     """bool[num_episodes]: success of each seeded episode (layout k of ``ReachEnv(seed)`` at
     position k, so two policies' outcomes pair episode by episode), batched as
-    :func:`evaluate_batch`."""
+    :func:`evaluate_batch`. ``headings``: a list that receives :func:`heading` of every step."""
     successes = np.zeros(num_episodes, dtype=bool)
     layouts = seeded_layouts(num_episodes, seed, config)
     for start in range(0, num_episodes, batch_size):
@@ -314,11 +315,22 @@ def episode_outcomes(
         while live:
             actions = np.asarray(policy(stack_observations([obs[i] for i in live])))
             for i, action in zip(list(live), actions, strict=True):
+                if headings is not None:
+                    headings.append(heading(envs[i], action))
                 obs[i], done, success = envs[i].step(action)
                 if done:
                     live.remove(i)
                     successes[start + i] = success
     return successes
+
+
+def heading(env: ReachEnv, action: np.ndarray) -> float:
+    """Cosine between ``action``'s (dx, dy) and the way from the agent to the named target: 1
+    heads straight for it; a policy that ignores the scene averages ~0 (0 for a zero action)."""
+    way = env.layout.targets[env.layout.color] - env.agent
+    move = np.asarray(action, np.float64)[:2]
+    norm = float(np.linalg.norm(way) * np.linalg.norm(move))
+    return float(way @ move / norm) if norm > 0 else 0.0
 
 
 def seeded_layouts(count: int, seed: int, config: ReachConfig = ReachConfig()) -> list[Layout]:

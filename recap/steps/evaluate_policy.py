@@ -11,8 +11,9 @@ step the policy samples an action chunk with v = v_uncond + beta (v_cond - v_unc
 prompt with the positive advantage text and the plain task, unnormalizes it (openpi's inverse
 quantile map, on the first D dims) and executes its first action (replanning each step). A
 behaviour-cloning policy (``conditioning = "none"``) has one prompt, so it is evaluated at beta 1
-only. Success rates are printed and written to
-``{run_dir}/closed_loop.json``.
+only. Success rates and the mean heading (``synthetic.heading``: cosine between each executed
+action and the way to the named target; ~0 for a policy that has not learned the task, whatever
+its success) are printed and written to ``{run_dir}/closed_loop.json``.
 
     python scripts/evaluate_policy.py --gin_file demo/policy.gin
     python scripts/evaluate_policy.py --gin_file demo/policy_bc.gin \
@@ -148,20 +149,23 @@ def evaluate_policy(
     data.check_model(model)
     if data.conditioning in PLAIN:
         betas = [1.0]  # one prompt: guidance has nothing to contrast
-    results, outcomes = {}, {}
+    results, outcomes, headings = {}, {}, {}
     config = ReachConfig(max_steps=max_steps, state_targets=state_targets)
     for beta in betas:
         start = time.perf_counter()
         adapter = PolicyAdapter(model, data, float(beta), num_steps, noise_seed, guidance)
+        steps: list[float] = []
         with torch.no_grad():
-            won = episode_outcomes(adapter, num_episodes, seed, batch_size, config)
+            won = episode_outcomes(adapter, num_episodes, seed, batch_size, config, steps)
         key = f"beta_{float(beta):g}"
         results[key], outcomes[key] = float(won.mean()) if num_episodes else 0.0, won
+        headings[key] = round(float(np.mean(steps)), 6) if steps else 0.0
         seconds = time.perf_counter() - start
         print(f"{run.name}: beta {float(beta):g}: success {results[key]:.3f} over "
-              f"{num_episodes} episodes ({seconds:.0f} s)", flush=True)  # fmt: skip
+              f"{num_episodes} episodes, heading {headings[key]:.3f} ({seconds:.0f} s)",
+              flush=True)  # fmt: skip
     record = {"conditioning": data.conditioning, "num_episodes": num_episodes, "seed": seed,
-              "guidance": guidance, "success": results,
+              "guidance": guidance, "success": results, "heading": headings,
               "outcomes": {k: v.astype(int).tolist() for k, v in outcomes.items()}}  # fmt: skip
     if data.conditioning not in PLAIN:
         record["sensitivity"] = conditioning_sensitivity(model, data, seed, num_steps, noise_seed,

@@ -32,6 +32,7 @@ from recap.data.synthetic import (
     evaluate,
     evaluate_batch,
     generate_episodes,
+    heading,
     locate_target,
     write_demo_datasets,
     write_demo_tokenizer,
@@ -168,6 +169,31 @@ def test_closed_loop_expert_is_perfect_and_random_is_poor():
     assert evaluate(RandomPolicy(seed=1), num_episodes=40, seed=11) <= 0.15
     wrong = ScriptedPolicy(confusion=1.0)  # always heads for the other target: language matters
     assert evaluate(wrong, num_episodes=20, seed=11) <= 0.1
+
+
+def test_heading_is_one_for_the_expert_and_near_zero_for_a_random_policy():
+    def batched(policy):
+        return lambda obs: np.stack([policy({"images": {k: v[i] for k, v in obs["images"].items()},
+                                             "state": obs["state"][i], "task": obs["task"][i]})
+                                     for i in range(len(obs["task"]))])  # fmt: skip
+
+    confused = ScriptedPolicy(confusion=1.0)
+    confused.reset()  # confusion 1, no recovery: confused in every episode
+    rates = {}
+    for name, policy in (("expert", ScriptedPolicy()), ("random", RandomPolicy(seed=1)),
+                         ("confused", confused)):  # fmt: skip
+        steps: list[float] = []
+        won = episode_outcomes(batched(policy), 8, seed=11, batch_size=8, headings=steps)
+        rates[name] = (round(float(won.mean()), 2), round(float(np.mean(steps)), 2))
+    assert rates["expert"] == (1.0, 1.0)
+    assert rates["random"][0] <= 0.15 and abs(rates["random"][1]) < 0.1
+    assert rates["confused"][0] == 0.0 and rates["confused"][1] < 0.5  # the other target's way
+    env = ReachEnv(seed=3)
+    env.reset()
+    way = env.layout.targets[env.layout.color] - env.agent
+    assert heading(env, np.array([*way, 0, 0, 0, 0, 0])) == pytest.approx(1.0)
+    assert heading(env, np.array([*-way, 0, 0, 0, 0, 0])) == pytest.approx(-1.0)
+    assert heading(env, np.zeros(7)) == 0.0
 
 
 def test_evaluate_batch_matches_evaluate():

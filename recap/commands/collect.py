@@ -1,0 +1,105 @@
+"""Closed-loop rollouts of a trained Step 4 policy written as a new LeRobot v3.0 dataset, with
+``is_success`` and ``is_correction`` (frames the scripted expert took over; ``--expert``).
+
+recap-collect --gin_file demo/policy.gin --out demo_data/rollout_iter1 --episodes 100
+recap-collect --gin_file demo/policy.gin --out demo_data/corrected_iter1 --expert --drift 1.0
+recap-collect --gin_file experiments/libero_pi05.gin --env libero --suite libero_10 --task_id 0 \
+    --out /data/lerobot/libero10_task0_iter1 --replan_steps 5 --episodes 50
+
+The policy is loaded as ``recap-evaluate`` loads it (the training run's gin files; ``--run_dir``
+defaults to ``train.run_dir``) and samples with guidance ``--beta``; ``--replan_steps`` actions of
+each chunk are executed before it is asked again. Episode k starts at ``reset(seed + k)``.
+``--env reach`` is the demo's reaching task (``--max_steps``, ``--state_targets`` as the demo data
+was written), ``--env libero`` one LIBERO task (needs ``hf-libero`` with its assets). The expert
+(``--expert``) exists for the reaching task; it takes over for ``--takeover_steps`` steps when
+the policy's action is farther than ``--drift`` (L2 on dx, dy) from its own.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from recap.cli import build_parser, parse_gin
+from recap.errors import RecapError, one_line
+
+
+def parser():
+    p = build_parser(__doc__.splitlines()[0])
+    p.add_argument("--out", required=True, help="the new dataset's directory (must not exist)")
+    p.add_argument("--run_dir", default=None, help="training run (default: train.run_dir)")
+    p.add_argument("--episodes", type=int, default=100)
+    p.add_argument("--seed", type=int, default=2000, help="episode k starts at reset(seed + k)")
+    p.add_argument("--beta", type=float, default=1.0, help="classifier-free guidance strength")
+    p.add_argument("--guidance", default="positive", choices=("positive", "negative", "no_guide"))
+    p.add_argument("--noise_seed", type=int, default=0)
+    p.add_argument("--num_steps", type=int, default=None, help="flow steps (default: model's)")
+    p.add_argument("--replan_steps", type=int, default=1, help="actions executed per chunk")
+    p.add_argument("--num_envs", type=int, default=50, help="environments run in lockstep")
+    p.add_argument("--env", default="reach", choices=("reach", "libero"))
+    p.add_argument("--max_steps", type=int, default=None, help="episode limit (default: task's)")
+    p.add_argument("--state_targets", action="store_true", help="reach: ReachConfig.state_targets")
+    p.add_argument("--suite", default="libero_10", help="libero: task suite")
+    p.add_argument("--task_id", type=int, default=0, help="libero: task of the suite")
+    p.add_argument("--expert", action="store_true", help="reach: the scripted expert corrects")
+    p.add_argument("--drift", type=float, default=1.0, help="takeover threshold (action L2)")
+    p.add_argument("--takeover_steps", type=int, default=5)
+    p.add_argument("--naming", default="lerobot", choices=("lerobot", "libero"))
+    p.add_argument("--image_dtype", default="video", choices=("video", "image"))
+    return p
+
+
+def env_factory(args):
+    """A factory of the chosen environment, and its expert (None where there is none)."""
+    if args.env == "libero":
+        if args.expert:
+            raise RecapError("--expert: LIBERO has no scripted expert; collect without it, or "
+                             "pass a controller to recap.envs.collect(expert=...)")  # fmt: skip
+        from recap.envs.libero import LiberoEnv
+
+        return lambda: LiberoEnv(args.suite, args.task_id, max_steps=args.max_steps), None
+    from recap.data.synthetic import ReachConfig
+    from recap.envs.synthetic import ReachTask, reach_expert
+
+    config = ReachConfig(max_steps=args.max_steps or ReachConfig.max_steps,
+                         state_targets=args.state_targets)  # fmt: skip
+    return (lambda: ReachTask(config)), (reach_expert(config) if args.expert else None)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        if args.episodes < 1:
+            raise RecapError(f"--episodes {args.episodes}: collect at least one episode")
+        if Path(args.out).exists():  # before the model loads; every collection is a new dataset
+            raise RecapError(f"--out {args.out}: already exists; give a new directory")
+        parse_gin(args.gin_file, args.gin_param)
+        from recap.config_check import check_required
+        from recap.envs.policy import ChunkAdapter, load_run
+        from recap.envs.rollout import ActionDrift, collect
+
+        for step in ("pi05_policy", "policy_data"):
+            check_required(step)
+        make_env, expert = env_factory(args)
+        model, data, run = load_run(args.run_dir)
+        policy = ChunkAdapter(model, data, args.beta, args.num_steps, args.noise_seed,
+                              args.guidance)  # fmt: skip
+        record = {"run_dir": str(run), "beta": args.beta, "guidance": args.guidance,
+                  "conditioning": data.conditioning, "env": args.env}  # fmt: skip
+        summary = collect(policy, make_env, args.episodes, args.seed, args.out, expert=expert,
+                          drift=ActionDrift(args.drift, dims=2), takeover_steps=args.takeover_steps,
+                          replan_steps=args.replan_steps, num_envs=args.num_envs,
+                          naming=args.naming, image_dtype=args.image_dtype,
+                          record=record)  # fmt: skip
+    except RecapError as exc:
+        print(f"error: {one_line(exc)}", file=sys.stderr)
+        return 2
+    print(f"{summary['path']}: {summary['episodes']} episodes, {summary['successes']} "
+          f"successes, {summary['frames']} frames, {summary['corrections']} corrected frames "
+          f"in {summary['corrected_episodes']} episodes", flush=True)  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
