@@ -12,8 +12,11 @@ grey dots, brighter the more recent (as a robot scene keeps the marks of what wa
 shows how the episode is going, not only where the agent is), ``state`` float32[8] =
 (x, y, vx, vy, 0...) with v the last applied action, ``task`` str; with
 ``ReachConfig.state_targets`` the last four are each target's offset from the agent (red dx, dy,
-blue dx, dy): the state then carries what the camera shows, and a tiny policy can act on it
-without first learning to see. Actions are float32[7] = (dx, dy, 0...).
+blue dx, dy) and the velocity is left out (0): the state then carries what the camera shows, so a
+tiny policy can act on it without first learning to see, and not the last action, which a policy
+imitating a steady expert would learn to copy (the "copycat" shortcut: right on recorded frames,
+lost in closed loop, where its own first action is what it copies). Actions are float32[7] =
+(dx, dy, 0...).
 
 Scripted policies see only the observation (they locate the targets by colour in the base image),
 so :func:`evaluate` runs them, or any learned policy, in closed loop.
@@ -38,7 +41,7 @@ from recap.errors import RecapError
 COLORS = {"red": (220, 40, 40), "blue": (40, 90, 230)}
 AGENT_RGB, FLOOR_RGB, GRID_RGB, OUTSIDE_RGB = (255, 255, 255), (40, 40, 40), (60, 60, 60), (0, 0, 0)
 STATE_NAMES = ("x", "y", "vx", "vy", "pad_4", "pad_5", "pad_6", "pad_7")
-TARGET_STATE_NAMES = ("x", "y", "vx", "vy", "red_dx", "red_dy", "blue_dx", "blue_dy")
+TARGET_STATE_NAMES = ("x", "y", "pad_2", "pad_3", "red_dx", "red_dy", "blue_dx", "blue_dy")
 ACTION_NAMES = ("dx", "dy", "pad_2", "pad_3", "pad_4", "pad_5", "pad_6")
 STATE_DIM, ACTION_DIM = len(STATE_NAMES), len(ACTION_NAMES)
 
@@ -161,9 +164,11 @@ class ReachEnv:
         """``{"images": {"image", "wrist_image"}: uint8[S,S,3], "state": float32[8], "task"}``."""
         cfg, targets = self.config, self.layout.targets
         state = np.zeros(STATE_DIM, np.float32)
-        state[:4] = (*self.agent, *self.velocity)
-        if cfg.state_targets:
+        state[:2] = self.agent
+        if cfg.state_targets:  # no velocity: the last action would let a policy copy itself
             state[4:] = (*(targets["red"] - self.agent), *(targets["blue"] - self.agent))
+        else:
+            state[2:4] = self.velocity
         trail = np.array(self.path).reshape(-1, 2)
         return {
             "images": {
@@ -504,13 +509,13 @@ def write_demo_tokenizer(root: str | Path, force: bool = False, state_bins: bool
     """A word-level tokenizer for the demo's prompts at ``{root}/tokenizer`` (kept if present):
     the task texts plus the value prompt ``Task: ....`` and the advantage text; ``state_bins``:
     also openpi's state text (``State: 0 ... 255;`` ``Action:``), one word per bin, for
-    ``policy_data.state_in_prompt``."""
+    ``policy_data.state_in_prompt``, with ids after the plain tokenizer's (whose ids stay: the
+    value model's prompts encode as without them)."""
     from recap.data.transforms import write_word_tokenizer
 
     path = Path(root) / "tokenizer"
     if (path / "tokenizer.json").is_file() and not force:
         return path
     texts = [task_text(c) for c in COLORS] + [" ".join(DEMO_PROMPT_WORDS)]
-    if state_bins:
-        texts += ["State: ; Action: ,", " ".join(str(b) for b in range(256))]
-    return write_word_tokenizer(path, texts)
+    extra = ["State: ; Action: ,", " ".join(str(b) for b in range(256))] if state_bins else []
+    return write_word_tokenizer(path, texts, extra)  # the plain words keep their ids

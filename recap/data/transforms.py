@@ -297,17 +297,22 @@ def camera_images(
     return images, masks
 
 
-def write_word_tokenizer(directory: str | os.PathLike, texts: Sequence[str]) -> Path:
+def write_word_tokenizer(
+    directory: str | os.PathLike, texts: Sequence[str], extra: Sequence[str] = ()
+) -> Path:
     """Save a word-level tokenizer covering ``texts`` (lower-cased, split on whitespace and
     punctuation) the way Hugging Face saves tokenizers, with Gemma's special ids (pad 0, eos 1,
     bos 2, unk 3). For the embedded demo and tests, where no Gemma tokenizer can be downloaded;
-    load it back with ``load_tokenizer``."""
+    load it back with ``load_tokenizer``. The words of ``extra`` texts that ``texts`` lacks get
+    the ids after: ``texts``' words keep the ids they have without ``extra``."""
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     special = ["<pad>", "<eos>", "<bos>", "<unk>"]
     splitter = pre_tokenizers.Whitespace()
     words = sorted({w for t in texts for w, _ in splitter.pre_tokenize_str(t.lower())})
+    more = {w for t in extra for w, _ in splitter.pre_tokenize_str(t.lower())} - set(words)
+    words += sorted(more)
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(special + words)}, "<unk>"))
     tok.normalizer = normalizers.Lowercase()
     tok.pre_tokenizer = splitter

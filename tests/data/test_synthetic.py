@@ -113,13 +113,14 @@ def test_state_targets_carry_each_targets_offset_from_the_agent(tmp_path):
     np.testing.assert_allclose(obs["state"][4:], [*(red - env.agent), *(blue - env.agent)],
                                atol=1e-7)  # fmt: skip
     plain = ReachEnv(seed=3).reset()
-    np.testing.assert_array_equal(plain["state"][:4], obs["state"][:4])
+    np.testing.assert_array_equal(plain["state"][:2], obs["state"][:2])
     np.testing.assert_array_equal(plain["state"][4:], np.zeros(4, np.float32))
     for key in plain["images"]:  # the cameras show the same scene
         np.testing.assert_array_equal(plain["images"][key], obs["images"][key])
     obs, _, _ = env.step(np.array([1.0, 0.0, 0, 0, 0, 0, 0]))
     np.testing.assert_allclose(obs["state"][4:6], red - env.agent, atol=1e-7)
-    assert config.state_names[4:] == ("red_dx", "red_dy", "blue_dx", "blue_dy")
+    np.testing.assert_array_equal(obs["state"][2:4], [0.0, 0.0])  # no velocity: nothing to copy
+    assert config.state_names[2:] == ("pad_2", "pad_3", "red_dx", "red_dy", "blue_dx", "blue_dy")
     assert ReachConfig().state_names[4:] == ("pad_4", "pad_5", "pad_6", "pad_7")
     out = write_demo_datasets(tmp_path, seed=1, sft_episodes=2, rollout_episodes=2,
                               eval_episodes=1, max_steps=12, state_targets=True)  # fmt: skip
@@ -130,6 +131,10 @@ def test_state_targets_carry_each_targets_offset_from_the_agent(tmp_path):
     tokenizer = load_tokenizer(write_demo_tokenizer(tmp_path, state_bins=True))
     ids = tokenizer("Task: reach the red target, State: 0 17 255;\nAction: ")["input_ids"]
     assert 3 not in ids and len(ids) == 15  # no <unk>: a word per bin and per punctuation
+    plain = load_tokenizer(write_demo_tokenizer(tmp_path / "plain"))
+    text = "Task: reach the blue target. Advantage: negative"
+    assert tokenizer(text)["input_ids"] == plain(text)["input_ids"]  # the value model's ids stay
+    assert max(plain(text)["input_ids"]) < 32 and len(tokenizer) == len(plain) + 260 == 275
 
 
 def test_trail_shows_the_path_brighter_when_recent():
