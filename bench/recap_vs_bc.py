@@ -80,7 +80,11 @@ def distributed(module: str, ranks: int) -> list[str]:
 def prepare(work: Path, args, log: Path) -> None:
     """Demo data, Step 1, the value model, Step 3 (tag ``demo``) and the oracle labels."""
     if not (work / "demo_data" / "sft").is_dir():
-        run([sys.executable, "-m", "recap.commands.make_demo_data", "--out", "demo_data"], log)
+        sizes = ["--sft-episodes", str(args.sft_episodes), "--rollout-episodes",
+                 str(args.rollout_episodes)]  # fmt: skip
+        state = ["--state-targets"] if args.state_targets else []
+        run([sys.executable, "-m", "recap.commands.make_demo_data", "--out", "demo_data",
+             *sizes, *state], log)  # fmt: skip
     run([sys.executable, "-m", "recap.commands.compute_returns",
          *gin_args(["demo/returns.gin"], [])], log)  # fmt: skip
     value = [f"train.max_steps = {args.value_steps}"]
@@ -111,6 +115,7 @@ def write_oracle(data: Path) -> None:
 def train_and_evaluate(work: Path, arm: str, seed: int, args, log: Path) -> dict:
     """The arm's policy for ``seed`` (reused when its evaluation exists) and its record."""
     files, extra = ARMS[arm]
+    files = [*files, "demo/state.gin"] if args.state_targets else files
     run_dir = f"runs/{arm}_s{seed}_{args.steps}"
     params = [*extra, f"train.seed = {seed}", f'train.run_dir = "{run_dir}"',
               f"train.max_steps = {args.steps}", "deepspeed_config.zero_stage = 1",
@@ -228,6 +233,11 @@ def main() -> None:
     parser.add_argument("--betas", type=float, nargs="+", default=[1.0, 2.0])
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--state-targets", action="store_true",
+                        help="the demo with the targets in the state (demo/state.gin); use its "
+                        "own --work directory")  # fmt: skip
+    parser.add_argument("--sft-episodes", type=int, default=300, help="demo data size")
+    parser.add_argument("--rollout-episodes", type=int, default=300, help="demo data size")
     parser.add_argument("--quick", action="store_true", help="tiny budget: check the machinery")
     args = parser.parse_args()
     if args.quick:
