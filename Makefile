@@ -34,6 +34,7 @@ demo: $(STAMP)
 	$(PY) scripts/pipeline.py --gin_file demo/pipeline.gin
 
 test: $(STAMP)
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q tests
 
 # Not part of `make test` / CI: PyPI's torch 2.6.0 for x86_64 is the CUDA build (3 GB of
@@ -64,6 +65,7 @@ test-slow: $(STAMP)
 	RECAP_SLOW=1 $(PY) -m pytest -q -s -m slow tests/slow
 
 lint: $(STAMP)
+	$(VENV)/bin/lint-imports
 	$(VENV)/bin/ruff check recap scripts tests bench
 	$(VENV)/bin/ruff format --check recap scripts tests bench
 

@@ -63,6 +63,7 @@ setup(
             "pytest>=7",
             "hypothesis>=6",
             "ruff>=0.5",
+            "import-linter>=2.1",  # lint-imports: the layering contracts in .importlinter
             "matplotlib>=3.7",
             "typing_extensions>=4.0",
         ],

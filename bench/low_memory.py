@@ -23,7 +23,7 @@ import torch
 
 from recap.engine import distributed, memory
 from recap.engine.deepspeed_config import deepspeed_config, for_deepspeed, param_groups
-from recap.models.adapters import LoraOptions, adapt
+from recap.models.adapters import LoraOptions, adapt, recipe_steps
 from recap.models.pi05 import Pi05Config, build_pi05
 
 WARMUP = 2
@@ -87,7 +87,7 @@ def run_recipe(name: str, steps: int) -> dict:
 def planned() -> dict[tuple[int, float], list]:
     """Recipe plans of the real-size π0.5 (LIBERO: horizon 10, gradient checkpointing)."""
     build = lambda: build_pi05(Pi05Config(action_horizon=10, gradient_checkpointing=True))  # noqa: E731
-    counts = memory.recipe_counts(build, LoraOptions())
+    counts = memory.recipe_counts(build, recipe_steps(LoraOptions()))
     acts = memory.Activations(ACTIVATION_GIB, None, "README", VISION_GIB, VISION_GIB)
     return {(ranks, gb): memory.plan_recipes(counts, acts, ranks, gb, 32)
             for ranks, gb in HARDWARE}  # fmt: skip

@@ -82,7 +82,10 @@ def plan_all(args: argparse.Namespace):
     plain = model_fn.scoped_configurable_fn
     lora = bound(f"{factory}.lora", None) is not None
     plain_counts = None if lora or bound(f"{factory}.freeze", None) else counts
-    recipe_counts = memory.recipe_counts(lambda: plain(lora=None, freeze=()), full=plain_counts)
+    from recap.models.adapters import recipe_steps
+
+    recipe_counts = memory.recipe_counts(lambda: plain(lora=None, freeze=()), recipe_steps(),
+                                         full=plain_counts)  # fmt: skip
     recipes = memory.plan_recipes(recipe_counts, acts, args.ranks, args.device_gb, micro,
                                   checkpointing, args.reserve_gb)  # fmt: skip
     mine = memory.configured_recipe(lora, frozen_vision, offload, offload_param)

@@ -28,7 +28,7 @@ Labels: the boolean ``advantage`` column of ``meta/advantages_{tag}.parquet`` jo
 (episode_index, frame_index) (``lookup_labels``). Normalization, exactly openpi's (not clipped):
 x -> (x - q01) / (q99 - q01 + 1e-6) * 2 - 1 and back, with per-dimension quantiles from
 ``meta/stats.json`` (LeRobot v3.0 writes q01/q99), computed from the data columns when absent
-(``quantile_stats``), or from a checkpoint's ``norm_stats.json`` (``recap.models.checkpoints``).
+(``quantile_stats``), or from a checkpoint's ``norm_stats.json`` (``recap.data.norm_stats``).
 """
 
 from __future__ import annotations

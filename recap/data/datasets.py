@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 import torch
 from torch.utils.data import Dataset
 
+from recap import logs
 from recap.config_check import bound
 from recap.core import columns as C
 from recap.core.advantages import align_to_frames
@@ -40,7 +41,6 @@ from recap.data.transforms import (
     resize_frames,
     tokenize_prompts,
 )
-from recap.engine import distributed
 from recap.errors import DatasetError, RecapError, located
 
 NUM_SLOTS = 3
@@ -253,7 +253,7 @@ def value_data(
     train_specs, specs = split_specs("value_data", split, datasets, eval_datasets, data_root)
     return_range = training_return_range(train_specs, returns_tag)
     run_dir = bound("train.run_dir")
-    if split == "train" and run_dir is not None and distributed.is_main():
+    if split == "train" and run_dir is not None and logs.is_main():
         write_return_range(run_dir, return_range, [s.name for s in train_specs])
     return ValueDataset(
         specs, returns_tag, return_range, load_tokenizer(tokenizer_path), image_size,

@@ -25,7 +25,7 @@ changes the training seed changes the dropout and the mixture too.
 
 Normalization is openpi's quantile map, unclipped. Its statistics (``norm_stats``): ``checkpoint``
 reads the ones the fine-tuned checkpoint carries (openpi ``assets/<asset_id>/norm_stats.json``,
-LeRobot's normalizer file, ``checkpoints.find_norm_stats``), ``data`` merges them over the
+LeRobot's normalizer file, ``recap.data.norm_stats.find_norm_stats``), ``data`` merges them over the
 training datasets (``conditioning.quantile_stats``: min of q01, max of q99, pooled mean/std), and
 ``auto`` takes the checkpoint's when it has them, else the data's; one line says which. The
 training split writes the statistics it uses into ``{train.run_dir}/assets/<asset_id>/
@@ -43,7 +43,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-import recap.models.pi05  # noqa: F401  (registers pi05_policy: gin/policy.gin wires both)
+from recap import logs
 from recap.config_check import bound
 from recap.core import columns as C
 from recap.data.conditioning import (
@@ -66,7 +66,6 @@ from recap.data.lerobot import KeyMap, LocalDataset, detect_key_map
 from recap.data.loader import FrameDataset, pass_through
 from recap.data.specs import DatasetSpec, split_specs
 from recap.data.transforms import load_tokenizer, resize_frames
-from recap.engine import distributed
 from recap.errors import DatasetError, RecapError, located
 
 NONE = "none"  # conditioning mode of the behaviour-cloning baseline
@@ -76,6 +75,8 @@ PLAIN = (NONE, FILTERED)  # modes that train on the plain prompt only (one branc
 CHECKPOINT, DATA, AUTO = "checkpoint", "data", "auto"
 NORM_STATS = (CHECKPOINT, DATA, AUTO)
 DEFAULT_ASSET_ID = "recap"  # the asset id of exported stats when policy_data.asset_id is None
+
+log = logs.get(__name__)
 
 
 @dataclass
@@ -139,7 +140,7 @@ def resolve_stats(
                          f"{list(NORM_STATS)}")  # fmt: skip
     found = None
     if norm_stats != DATA:
-        from recap.models.checkpoints import find_norm_stats
+        from recap.data.norm_stats import find_norm_stats
 
         if checkpoint is None and norm_stats == CHECKPOINT:
             raise RecapError("policy_data.norm_stats = \"checkpoint\" but policy_data.checkpoint "
@@ -152,7 +153,7 @@ def resolve_stats(
     if found is None:
         roots = ", ".join(s.name for s in specs)
         return training_stats(specs), f"the training data ({roots})"
-    from recap.models.checkpoints import read_norm_stats
+    from recap.data.norm_stats import read_norm_stats
 
     stats, dims = read_norm_stats(found), data_dims(specs)
     for name, dim in dims.items():
@@ -402,11 +403,11 @@ def policy_data(
                 dropout=dropout, state_in_prompt=state_in_prompt, max_length=max_length,
                 mixing=mixing, seed=seed, prompt_style=prompt_style)  # fmt: skip
     data = PolicyDataset(specs, advantages_tag, stats=stats, **args)
-    if split == "train" and distributed.is_main():
-        print(describe_stats(stats, source), flush=True)
+    if split == "train" and logs.is_main():
+        log.info(describe_stats(stats, source))
         run_dir = bound("train.run_dir")
         if export_stats and run_dir is not None:
-            from recap.models.checkpoints import write_norm_stats
+            from recap.data.norm_stats import write_norm_stats
 
             write_norm_stats(run_dir, asset_id or DEFAULT_ASSET_ID, stats)
     return data
@@ -415,7 +416,7 @@ def policy_data(
 def run_stats(run_dir: str | Path, asset_id: str | None = None):
     """``(stats, path)`` a training run exported (``{run_dir}/assets/*/norm_stats.json``), or
     ``(None, None)`` when it has none (runs from before the export)."""
-    from recap.models.checkpoints import find_norm_stats, read_norm_stats
+    from recap.data.norm_stats import find_norm_stats, read_norm_stats
 
     found = find_norm_stats(run_dir, asset_id or DEFAULT_ASSET_ID)
     found = found or find_norm_stats(run_dir, asset_id)

@@ -203,11 +203,11 @@ def read_returns(root: str | os.PathLike, tag: str) -> tuple[pa.Table, dict]:
 
     Without ``meta/returns_{tag}.json`` (RLinf's Step 1 writes none) the sidecar is checked
     against the dataset and sorted, and the statistics are derived from it
-    (``recap.interop.rlinf.returns_statistics``)."""
+    (``recap.data.rlinf_returns.returns_statistics``)."""
     path = sidecar_path(root, RETURNS, tag)
     stats_path = sidecar_path(root, RETURNS, tag, ".json")
     if path.is_file() and not stats_path.is_file():
-        from recap.interop.rlinf import returns_statistics
+        from recap.data.rlinf_returns import returns_statistics
 
         table = read_parquet(path, C.RETURNS_SCHEMA)
         check_finite(path, table, [C.RETURN, C.REWARD])

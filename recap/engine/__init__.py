@@ -7,6 +7,8 @@
 - ``trainer``: the loop (step, log, evaluate, save, resume, export); ``checkpointing`` its files.
 - ``inference``: sharded batched inference merged on rank 0; loading exported weights.
 - ``tracking``: MLflow on rank 0.
+- ``protocol``: what the engine needs from a model (it imports nothing of ``recap.models``).
+- ``memory``: the per-rank memory plan of a ZeRO-3 run (``recap-plan-memory``).
 
 Importing this package selects the accelerator but never imports TensorFlow or JAX.
 """

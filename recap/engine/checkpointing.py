@@ -25,10 +25,14 @@ from pathlib import Path
 
 import torch
 
+from recap import logs
 from recap.engine import distributed
 from recap.engine.inference import TIED_KEY
+from recap.engine.protocol import ExportHooks
 from recap.errors import RecapError
 from recap.weights import save_safetensors
+
+log = logs.get(__name__)
 
 CHECKPOINTS = "checkpoints"
 STATE_FILE = "recap_state.json"
@@ -68,7 +72,7 @@ def plan_resume(run_dir: Path, world_size: int, config: dict) -> ResumePlan:
         )
     state = json.loads(state_file.read_text())
     if state.get("global_batch_size") != config["train_batch_size"]:
-        print(
+        log.warning(
             f"warning: {state_file}: global batch {state.get('global_batch_size')} differs from "
             f"{config['train_batch_size']}; data order after the resume changes"
         )
@@ -162,7 +166,8 @@ def export(engine, run_dir: Path, step: int, ema=None) -> Path:
 
     With an ``ema`` the file holds the averaged weights (the parameters' dtype) and its metadata
     says so: ``recap_weights`` = ``"ema"`` (else ``"raw"``), ``recap_ema_decay``,
-    ``recap_ema_updates``. A LoRA model (``recap.models.adapters``) writes its adapter alone as
+    ``recap_ema_updates``. A model with ``ExportHooks`` (``recap.engine.protocol``) turns the
+    state into what the file holds and adds metadata: a LoRA model writes its adapter alone as
     peft does under ``run_dir/adapter/`` and the merged weights, under the names of a full
     fine-tune, to ``model.safetensors`` (metadata ``recap_lora`` = ``"merged"``)."""
     if engine.zero_optimization_partition_weights():
@@ -175,13 +180,9 @@ def export(engine, run_dir: Path, step: int, ema=None) -> Path:
         extra = {WEIGHTS_KEY: "ema", "recap_ema_decay": repr(ema.decay),
                  "recap_ema_updates": str(ema.updates)}  # fmt: skip
     path = Path(run_dir) / EXPORT_FILE
-    lora = getattr(engine.module, "recap_lora", None)
-    if distributed.is_main() and lora is not None:  # LoRA: peft's files, then merged weights
-        from recap.models import adapters
-
-        adapters.save_adapter(state, lora, Path(run_dir) / adapters.ADAPTER_DIR)
-        state = adapters.merged_state(state, lora)
-        extra["recap_lora"] = "merged"
+    if distributed.is_main() and isinstance(engine.module, ExportHooks):  # e.g. LoRA: merged
+        state, metadata = engine.module.export_state(state, Path(run_dir))
+        extra.update(metadata)
     if distributed.is_main():
         save_exported(state, path, step, extra)
     distributed.barrier()

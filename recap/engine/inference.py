@@ -23,6 +23,7 @@ import torch
 from safetensors.torch import load_file
 
 from recap.engine import accelerator, distributed
+from recap.engine.protocol import ExportHooks
 from recap.errors import RecapError
 
 TIED_KEY = "recap_tied"
@@ -153,8 +154,8 @@ def load_exported(model: torch.nn.Module, path: str | os.PathLike, strict: bool 
     """Load a ``model.safetensors`` written by the trainer into a plain (non-DeepSpeed) model.
 
     Tied weights were stored once; the file's metadata names their aliases, restored here. A
-    model built with LoRA adapters gets its plain layers back first (the file holds the merged
-    weights, ``recap.models.adapters``)."""
+    model with ``ExportHooks`` is readied first (``prepare_to_load_exported``: one built with LoRA
+    adapters gets its plain layers back, the file holding the merged weights)."""
     if not os.path.isfile(path):
         raise RecapError(
             f"{path}: exported weights not found; run training to the end or set the path"
@@ -164,10 +165,8 @@ def load_exported(model: torch.nn.Module, path: str | os.PathLike, strict: bool 
     with safe_open(str(path), framework="pt") as handle:
         metadata = handle.metadata() or {}
     state = load_file(str(path))
-    if getattr(model, "recap_lora", None) is not None:
-        from recap.models.adapters import unload
-
-        unload(model)
+    if isinstance(model, ExportHooks):
+        model.prepare_to_load_exported()
     for alias, source in json.loads(metadata.get(TIED_KEY, "{}")).items():
         state[alias] = state[source]
     model.load_state_dict(state, strict=strict)

@@ -17,7 +17,8 @@ GiB per rank, and for the configured recipe when it misses, the cheapest one tha
 Activations are the bytes autograd keeps for backward (``saved_tensors_hooks``; parameters
 excluded), measured on CPU at batch 1 with the real widths and sequence lengths but depth 1/2 per
 stack (vocabulary cut to 1024: the embedding's output does not depend on it), extrapolated
-linearly to the real depths and multiplied by the micro batch.
+linearly to the real depths and multiplied by the micro batch. What the planner needs of a model
+is its config's ``MemoryProbe`` (``recap.engine.protocol``): this module imports no model.
 """
 
 from __future__ import annotations
@@ -25,11 +26,12 @@ from __future__ import annotations
 import dataclasses
 import gc
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
 
+from recap.engine.protocol import MemoryProbe
 from recap.errors import RecapError
 
 GIB = float(2**30)
@@ -198,74 +200,33 @@ def max_micro_batch(device_gb: float, fixed_gb: float, per_sample_gb: float) -> 
 # ---- activation measurement (CPU, batch 1, real widths, depth 1/2) ---------------------------
 
 
+def probe(config) -> MemoryProbe:
+    """``config`` as the planner's ``MemoryProbe`` (``recap.engine.protocol``), else a one-line
+    error."""
+    if not isinstance(config, MemoryProbe):
+        raise RecapError(f"plan_memory: no activation measurement for {type(config).__name__}; "
+                         "pass --activation_gb_per_sample")  # fmt: skip
+    return config
+
+
 def depth_knobs(config) -> dict[str, int]:
     """Real depth of each stack whose activations grow with its layer count."""
-    from recap.models.pi05 import Pi05Config
-    from recap.models.value import ValueModelConfig
-
-    if isinstance(config, Pi05Config):
-        return {"vision": config.vision["num_hidden_layers"],
-                "decoder": config.text["num_hidden_layers"]}  # fmt: skip
-    if isinstance(config, ValueModelConfig):
-        knobs = {"vision": config.vision["num_hidden_layers"], "expert": config.expert_depth}
-        return knobs if config.truncate_backbone else knobs | {"text": _text_depth(config)}
-    raise RecapError(f"plan_memory: no activation measurement for {type(config).__name__}; "
-                     "pass --activation_gb_per_sample")  # fmt: skip
-
-
-def _text_depth(config) -> int:
-    from transformers import Gemma3TextConfig
-
-    return Gemma3TextConfig.from_dict(dict(config.text)).num_hidden_layers
-
-
-def _with_layers(sizes: dict, layers: int) -> dict:
-    out = {**sizes, "num_hidden_layers": layers}
-    if "layer_types" in out:
-        out["layer_types"] = list(out["layer_types"][:layers])
-    return out
+    return probe(config).memory_depths()
 
 
 def scaled_config(config, depths: dict[str, int]):
     """``config`` with the given stack depths and a ``MEASURE_VOCAB`` vocabulary."""
-    from recap.models.pi05 import Pi05Config
-
-    vision = _with_layers(config.vision, depths["vision"])
-    if isinstance(config, Pi05Config):
-        text = _with_layers({**config.text, "vocab_size": MEASURE_VOCAB}, depths["decoder"])
-        expert = _with_layers(config.expert, depths["decoder"])
-        return dataclasses.replace(config, vision=vision, text=text, expert=expert)
-    text = {**config.text, "vocab_size": MEASURE_VOCAB}
-    if "text" in depths:
-        text = _with_layers(text, depths["text"])
-    return dataclasses.replace(config, vision=vision, text=text, expert_depth=depths["expert"])
+    return probe(config).memory_scaled(depths, MEASURE_VOCAB)
 
 
 def build_scaled(config, dtype: torch.dtype = torch.bfloat16) -> nn.Module:
-    """A randomly initialized model of a (scaled) value or π0.5 config."""
-    from recap.models.pi05 import Pi05Config, build_pi05
-    from recap.models.value import build_value_model
-
-    builder = build_pi05 if isinstance(config, Pi05Config) else build_value_model
-    return builder(config, dtype=dtype)
+    """A randomly initialized model of a (scaled) config."""
+    return probe(config).memory_build(dtype)
 
 
 def sample_batch(config, cameras: int, prompt_tokens: int, batch_size: int = 1) -> dict:
     """A training batch of the model's keys: ``cameras`` valid images, a full prompt."""
-    from recap.models.pi05 import Pi05Config
-
-    size = config.vision["image_size"]
-    batch = {
-        "images": torch.rand(batch_size, cameras, 3, size, size) * 2 - 1,
-        "image_masks": torch.ones(batch_size, cameras, dtype=torch.bool),
-        "input_ids": torch.randint(0, MEASURE_VOCAB, (batch_size, prompt_tokens)),
-        "attention_mask": torch.ones(batch_size, prompt_tokens, dtype=torch.bool),
-    }
-    if isinstance(config, Pi05Config):
-        batch["actions"] = torch.randn(batch_size, config.action_horizon, config.action_dim)
-    else:
-        batch["target"] = torch.full((batch_size,), -0.5)
-    return batch
+    return probe(config).example_batch(cameras, prompt_tokens, batch_size, MEASURE_VOCAB)
 
 
 def saved_activation_bytes(model: nn.Module, batch: dict) -> int:
@@ -289,22 +250,14 @@ def saved_activation_bytes(model: nn.Module, batch: dict) -> int:
     return sum(seen.values())
 
 
-def _set_checkpointing(model: nn.Module, enabled: bool) -> bool:
-    """Switch the model's gradient checkpointing; False when it has none."""
-    inner = getattr(model, "paligemma_with_expert", None)
-    if inner is None or not hasattr(inner, "gradient_checkpointing"):
-        return False
-    inner.gradient_checkpointing = enabled
-    return True
-
-
 def _measure_depths(config, depths: dict[str, int], cameras: int, prompt_tokens: int) -> tuple:
     """(bytes without, bytes with checkpointing or None) of one scaled model at batch 1."""
-    model = build_scaled(scaled_config(config, depths))
+    scaled = scaled_config(config, depths)
+    model = build_scaled(scaled)
     batch = sample_batch(config, cameras, prompt_tokens)
-    _set_checkpointing(model, False)
+    scaled.set_checkpointing(model, False)
     plain = saved_activation_bytes(model, batch)
-    ckpt = saved_activation_bytes(model, batch) if _set_checkpointing(model, True) else None
+    ckpt = saved_activation_bytes(model, batch) if scaled.set_checkpointing(model, True) else None
     del model
     gc.collect()
     return plain, ckpt
@@ -484,20 +437,23 @@ class RecipePlan:
 
 
 def recipe_counts(
-    build: Callable[[], nn.Module], lora_options=None, full: ParamCounts | None = None
+    build: Callable[[], nn.Module],
+    steps: Sequence[tuple[str, Callable[[nn.Module], nn.Module]]],
+    full: ParamCounts | None = None,
 ) -> dict[str, ParamCounts]:
-    """Parameter counts of the full, LoRA and LoRA + frozen vision models (built on the meta
-    device by ``build``, a factory of the plain model; LoRA as ``lora_options``, default the
-    gin-bound ``LoraOptions()``). The LoRA counts are peft's own (the same ``requires_grad``).
-    ``full``: the plain model's counts when already known (one build fewer)."""
-    from recap.models.adapters import LoraOptions, adapt
-
+    """Parameter counts of the plain model (``"full"``, built on the meta device by ``build``)
+    and after each of ``steps`` (name, transform), applied in turn to one meta-device model:
+    LoRA, then the vision tower frozen on top (``recap.models.adapters.recipe_steps``; the LoRA
+    counts are peft's own ``requires_grad``). ``full``: the plain model's counts when already
+    known (one build fewer)."""
     full = full or count_parameters(build_on_meta(build))
+    counts = {"full": full}
     with torch.device("meta"):
-        model = adapt(build(), lora_options or LoraOptions())
-        lora = count_parameters(model)
-        adapt(model, None, ["vision"])
-    return {"full": full, "lora": lora, "lora_frozen_vision": count_parameters(model)}
+        model = build()
+        for name, step in steps:
+            model = step(model)
+            counts[name] = count_parameters(model)
+    return counts
 
 
 def plan_recipes(

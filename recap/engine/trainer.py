@@ -7,7 +7,7 @@ ZeRO-3), restore the latest checkpoint of the run directory, then ``train_step``
 weights to ``run_dir/model.safetensors`` (with ``deepspeed_config.ema_decay``: their moving
 average, ``recap.engine.ema``, updated after every optimizer step). Restarting the same command
 resumes. Data order and per-step seeds depend only on (seed, step), so a resumed run reproduces
-the uninterrupted one.
+the uninterrupted one. What the loop needs of a model is ``recap.engine.protocol``.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from recap import logs
 from recap.engine import accelerator, distributed
 from recap.engine import checkpointing as ckpt
 from recap.engine.deepspeed_config import (
@@ -35,7 +36,10 @@ from recap.engine.deepspeed_config import (
 )
 from recap.engine.ema import WeightEMA
 from recap.engine.inference import predict
+from recap.engine.protocol import EvalFigures, EvalSummaries
 from recap.engine.tracking import Tracker
+
+log = logs.get(__name__)
 
 
 @dataclass
@@ -224,12 +228,12 @@ class Trainer:
             return
         metrics = {f"eval/{k}": float(v.float().mean()) for k, v in outputs.items()}
         module = self.engine.module
-        if hasattr(module, "summarize_eval"):
+        if isinstance(module, EvalSummaries):
             metrics.update({f"eval/{k}": v for k, v in module.summarize_eval(outputs).items()})
         figures = {}
         for owner in (module, self.eval_data):  # the model's pictures, then the data's
             try:
-                if hasattr(owner, "eval_figures"):
+                if isinstance(owner, EvalFigures):
                     figures.update(owner.eval_figures(outputs))
             except Exception as exc:  # a plot must never stop training
                 warnings.warn(f"eval_figures failed: {exc}", stacklevel=2)
@@ -312,7 +316,7 @@ def fit(
     ckpt.restore_ema(ema, opts.run_dir, plan)
     if distributed.is_main():
         opts.run_dir.mkdir(parents=True, exist_ok=True)
-        print(f"{accelerator.describe()} world={distributed.world_size()} start_step={start}")
+    log.info(f"{accelerator.describe()} world={distributed.world_size()} start_step={start}")
     tracker.start(opts.run_dir, opts.step_name, {"recap.world_size": str(distributed.world_size())})
     tracker.log_dict(config, "config/deepspeed_config.json")
     names = [g["name"] for g in groups]

@@ -14,10 +14,11 @@
 - ``freeze``: towers (``TOWERS``) whose parameters get no gradient.
 
 Only parameters with ``requires_grad`` reach the optimizer (``deepspeed_config.param_groups``).
-Exports (``recap.engine.checkpointing.export``): ``merged_state`` folds every adapter into its base
-weight, ``W + (alpha / r) B A``, under the plain key names (the layout of a full fine-tune);
-``adapter_files`` is the adapter alone as ``peft`` writes it (``adapter_config.json`` +
-``adapter_model.safetensors``, the fully trained modules as ``modules_to_save``), so
+Exports (``recap.engine.checkpointing.export``, through ``AdapterHooks``): ``merged_state`` folds
+every adapter into its base weight, ``W + (alpha / r) B A``, under the plain key names (the layout
+of a full fine-tune); ``adapter_files`` is the adapter alone as ``peft`` writes it
+(``adapter_config.json`` + ``adapter_model.safetensors``, the fully trained modules as
+``modules_to_save``), so
 ``PeftModel.from_pretrained(base, directory)`` rebuilds the trained model.
 """
 
@@ -29,7 +30,7 @@ import math
 import os
 import re
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import gin
@@ -212,12 +213,37 @@ def _fully_trained_modules(model: nn.Module) -> list[str]:
     return sorted(p for p in full if outermost(p))
 
 
+class AdapterHooks:
+    """``recap.engine.protocol.ExportHooks`` of a model ``adapt`` may give LoRA (the value model,
+    π0.5): the engine's export writes the adapter alone as peft does under
+    ``run_dir/adapter/`` and the merged weights, under the names of a full fine-tune, to
+    ``model.safetensors`` (metadata ``recap_lora`` = ``"merged"``); loading that file into a
+    freshly built adapted model first gives it back its plain layers. A model without adapters
+    exports its state unchanged."""
+
+    def export_state(
+        self, state: dict[str, torch.Tensor], run_dir: Path
+    ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+        lora = getattr(self, "recap_lora", None)
+        if lora is None:
+            return state, {}
+        save_adapter(state, lora, Path(run_dir) / ADAPTER_DIR)
+        return merged_state(state, lora), {"recap_lora": "merged"}
+
+    def prepare_to_load_exported(self) -> None:
+        if is_adapted(self):
+            unload(self)
+
+
 def adapt(model: nn.Module, lora: LoraOptions | None = None, freeze: Sequence[str] = ()):
     """``model`` with LoRA injected and ``freeze`` towers frozen (module docstring); returns
     it (the same object)."""
     freeze = check_freeze(freeze)
     if lora is not None and not isinstance(lora, LoraOptions):
         raise RecapError(f"gin config: lora={lora!r}; bind @LoraOptions() or None")
+    if lora is not None and not isinstance(model, AdapterHooks):  # its export would not merge
+        raise RecapError(f"LoRA: {type(model).__name__} has no AdapterHooks; only the value "
+                         "model and π0.5 take adapters")  # fmt: skip
     prefixes = tower_prefixes(model)
     if lora is not None:
         from peft import inject_adapter_in_model
@@ -243,6 +269,15 @@ def adapt(model: nn.Module, lora: LoraOptions | None = None, freeze: Sequence[st
         saved.modules_to_save = _fully_trained_modules(model) or None
         model.recap_lora = saved
     return model
+
+
+def recipe_steps(lora: LoraOptions | None = None) -> list[tuple[str, Callable]]:
+    """The memory planner's recipe transforms (``recap.engine.memory.recipe_counts``), applied in
+    turn to one model: ``"lora"`` (``lora``, default the gin-bound ``LoraOptions()``), then
+    ``"lora_frozen_vision"`` (the vision tower frozen on top)."""
+    options = lora or LoraOptions()
+    return [("lora", lambda model: adapt(model, options)),
+            ("lora_frozen_vision", lambda model: adapt(model, None, ["vision"]))]  # fmt: skip
 
 
 @torch.no_grad()

@@ -54,7 +54,7 @@ from transformers import AutoModel, GemmaConfig, SiglipVisionConfig
 from recap.config_check import config_fields
 from recap.data.transforms import frames_to_images
 from recap.errors import RecapError
-from recap.models.adapters import LoraOptions, adapt, check_freeze
+from recap.models.adapters import AdapterHooks, LoraOptions, adapt, check_freeze
 from recap.models.losses import flow_matching_loss
 from recap.models.pi05_layers import (
     ATTENTION,
@@ -64,7 +64,7 @@ from recap.models.pi05_layers import (
     VisionTower,
     time_embedding,
 )
-from recap.models.value import SIGLIP_SO400M_224
+from recap.models.value import SIGLIP_SO400M_224, example_inputs, with_layers
 
 PALIGEMMA_2B = {
     "vocab_size": 257152, "hidden_size": 2048, "intermediate_size": 16384,
@@ -141,8 +141,36 @@ class Pi05Config:
         if problems:
             raise RecapError(f"pi05 config: {'; '.join(problems)}; fix the sizes")
 
+    # ---- recap.engine.protocol.MemoryProbe: what recap-plan-memory measures ----------------
 
-class Pi05Policy(nn.Module):
+    def memory_depths(self) -> dict[str, int]:
+        """The SigLIP tower's depth and the decoder's (the expert shares it, layer by layer)."""
+        return {"vision": self.vision["num_hidden_layers"],
+                "decoder": self.text["num_hidden_layers"]}  # fmt: skip
+
+    def memory_scaled(self, depths: dict[str, int], vocab_size: int) -> Pi05Config:
+        decoder = depths["decoder"]
+        text = with_layers({**self.text, "vocab_size": vocab_size}, decoder)
+        vision = with_layers(self.vision, depths["vision"])
+        expert = with_layers(self.expert, decoder)
+        return dataclasses.replace(self, vision=vision, text=text, expert=expert)
+
+    def memory_build(self, dtype: torch.dtype) -> Pi05Policy:
+        return build_pi05(self, dtype=dtype)
+
+    def example_batch(
+        self, cameras: int, prompt_tokens: int, batch_size: int, vocab_size: int
+    ) -> dict[str, torch.Tensor]:
+        batch = example_inputs(self.vision, cameras, prompt_tokens, batch_size, vocab_size)
+        actions = torch.randn(batch_size, self.action_horizon, self.action_dim)
+        return batch | {"actions": actions}
+
+    def set_checkpointing(self, model: nn.Module, enabled: bool) -> bool:
+        model.paligemma_with_expert.gradient_checkpointing = enabled
+        return True
+
+
+class Pi05Policy(AdapterHooks, nn.Module):
     """π0.5 flow-matching policy; ``loss, metrics = model(batch)`` (engine protocol).
 
     State-dict keys are openpi's (``paligemma_with_expert.…``, ``action_in_proj``, …); see

@@ -44,7 +44,7 @@ from recap.config_check import config_fields
 from recap.data.transforms import frames_to_images
 from recap.errors import RecapError
 from recap.models import layers
-from recap.models.adapters import LoraOptions, adapt, check_freeze
+from recap.models.adapters import AdapterHooks, LoraOptions, adapt, check_freeze
 from recap.models.losses import categorical_value_loss, expected_value
 from recap.weights import save_safetensors
 
@@ -129,8 +129,57 @@ class ValueModelConfig:
         if problems:
             raise RecapError(f"value model config: {'; '.join(problems)}; fix the expert sizes")
 
+    # ---- recap.engine.protocol.MemoryProbe: what recap-plan-memory measures ----------------
 
-class ValueModel(nn.Module):
+    def memory_depths(self) -> dict[str, int]:
+        """The SigLIP tower's and the expert's depths (and the backbone's when kept whole)."""
+        knobs = {"vision": self.vision["num_hidden_layers"], "expert": self.expert_depth}
+        if self.truncate_backbone:  # the backbone is built expert_depth deep
+            return knobs
+        return knobs | {"text": Gemma3TextConfig.from_dict(dict(self.text)).num_hidden_layers}
+
+    def memory_scaled(self, depths: dict[str, int], vocab_size: int) -> ValueModelConfig:
+        text = {**self.text, "vocab_size": vocab_size}
+        if "text" in depths:
+            text = with_layers(text, depths["text"])
+        return dataclasses.replace(self, vision=with_layers(self.vision, depths["vision"]),
+                                   text=text, expert_depth=depths["expert"])  # fmt: skip
+
+    def memory_build(self, dtype: torch.dtype) -> ValueModel:
+        return build_value_model(self, dtype=dtype)
+
+    def example_batch(
+        self, cameras: int, prompt_tokens: int, batch_size: int, vocab_size: int
+    ) -> dict[str, torch.Tensor]:
+        batch = example_inputs(self.vision, cameras, prompt_tokens, batch_size, vocab_size)
+        return batch | {"target": torch.full((batch_size,), -0.5)}
+
+    def set_checkpointing(self, model: nn.Module, enabled: bool) -> bool:
+        return False  # the value model has no gradient checkpointing
+
+
+def with_layers(sizes: dict, layers: int) -> dict:
+    """A transformers config dict with ``layers`` hidden layers (``layer_types`` cut to match)."""
+    out = {**sizes, "num_hidden_layers": layers}
+    if "layer_types" in out:
+        out["layer_types"] = list(out["layer_types"][:layers])
+    return out
+
+
+def example_inputs(
+    vision: dict, cameras: int, prompt_tokens: int, batch_size: int, vocab_size: int
+) -> dict[str, torch.Tensor]:
+    """Random images in [-1, 1] of ``vision``'s size (all ``cameras`` valid) and a full prompt."""
+    size = vision["image_size"]
+    return {
+        "images": torch.rand(batch_size, cameras, 3, size, size) * 2 - 1,
+        "image_masks": torch.ones(batch_size, cameras, dtype=torch.bool),
+        "input_ids": torch.randint(0, vocab_size, (batch_size, prompt_tokens)),
+        "attention_mask": torch.ones(batch_size, prompt_tokens, dtype=torch.bool),
+    }
+
+
+class ValueModel(AdapterHooks, nn.Module):
     """V(images, prompt) in [v_min, v_max]; ``loss, metrics = model(batch)`` (engine protocol)."""
 
     def __init__(

@@ -29,7 +29,7 @@ import torch
 from tqdm.auto import tqdm
 
 import recap.steps.train  # noqa: F401  (registers train/value_model/value_data: value gin files)
-from recap import viz
+from recap import logs, viz
 from recap.core import columns as C
 from recap.core.advantages import (
     DEFAULT_LOOKAHEAD,
@@ -64,6 +64,8 @@ from recap.engine.tracking import RUN_FILE, Tracker
 from recap.errors import RecapError
 from recap.models.value import CONFIG_FILE, WEIGHTS_FILE, ValueModel, load_value_model
 from recap.steps.relabel import frame_columns
+
+log = logs.get(__name__)
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -116,9 +118,9 @@ def compute_advantages(
     if values is None:  # ranks other than 0 are done
         return {}
     rate = len(data) / max(time.perf_counter() - begin, 1e-9)
-    print(f"values: {len(data)} frames, {rate:.1f} frames/s on {distributed.world_size()} ranks")
-    print(f"return range [{plan.range.return_min:g}, {plan.range.return_max:g}] from "
-          f"{plan.range_source}", flush=True)  # fmt: skip
+    log.info(f"values: {len(data)} frames, {rate:.1f} frames/s on {distributed.world_size()} ranks")
+    log.info(f"return range [{plan.range.return_min:g}, {plan.range.return_max:g}] from "
+             f"{plan.range_source}")  # fmt: skip
     table = advantage_input(data, values, plan.returns, correction_column)
     labeled = add_advantages(table, return_range=plan.range, normalization=normalization,
                              lookahead=lookahead, gamma=plan.gamma, labels=options)  # fmt: skip
@@ -319,19 +321,19 @@ def print_summary(tag: str, parts: dict, outcomes: dict, record: dict) -> dict[s
         ids, ok = outcomes[name]
         positive = part.column(C.ADVANTAGE).to_numpy(zero_copy_only=False)
         success = np.isin(part.column(C.EPISODE_INDEX).to_numpy(), ids[ok])
-        print(f"{name}: {int(positive.sum())}/{positive.size} frames positive")
+        log.info(f"{name}: {int(positive.sum())}/{positive.size} frames positive")
         label.append(positive)
         from_success.append(positive & success)
         episodes, successes = episodes + ids.size, successes + int(ok.sum())
     n, positives = sum(p.size for p in label), int(sum(p.sum() for p in label))
     split = int(sum(s.sum() for s in from_success)) / max(positives, 1)
     rate = successes / max(episodes, 1)
-    print(
+    log.info(
         f"positives: {positives / n:.1%} of {n} frames; {split:.0%} of positives from successful "
         f"episodes (success rate of the data {rate:.0%})"
     )
     thresholds = ", ".join(f"{k}: {v:.6g}" for k, v in record["thresholds"].items())
-    print(
+    log.info(
         f"tag {tag!r}: lookahead {record['lookahead']}, positive_quantile "
         f"{record['positive_quantile']}, scope {record['scope']}, thresholds {{{thresholds}}}"
     )
@@ -351,4 +353,4 @@ def save_pictures(out: Path, figures: dict, metrics: dict) -> None:
         tracker.log_png(out / f"{name}.png", "plots")
         viz.close(figure)
     tracker.finish("FINISHED")
-    print(f"pictures: {', '.join(str(out / f'{n}.png') for n in figures) or 'none'}")
+    log.info(f"pictures: {', '.join(str(out / f'{n}.png') for n in figures) or 'none'}")

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from tqdm.auto import tqdm
 
-from recap import __version__
+from recap import __version__, logs
 from recap.core import columns as C
 from recap.core.returns import (
     DEFAULT_FAILURE_REWARD,
@@ -27,6 +27,8 @@ from recap.data.lerobot import LocalDataset
 from recap.data.sidecars import SOURCE, check_tag, dataset_source, write_returns
 from recap.data.specs import DatasetSpec, parse_dataset_specs
 from recap.errors import DatasetError, RecapError, located
+
+log = logs.get(__name__)
 
 
 @dataclass
@@ -129,8 +131,8 @@ def compute_returns(
     ]
     for result in results:
         write_returns(result.spec.root, tag, result.table, result.stats)
-        print(result.summary())
+        log.info(result.summary())
     low = min(r.stats["return_min"] for r in results)
     high = max(r.stats["return_max"] for r in results)
-    print(f"tag {tag!r}: global return range [{low:g}, {high:g}] over {len(results)} datasets")
+    log.info(f"tag {tag!r}: global return range [{low:g}, {high:g}] over {len(results)} datasets")
     return results

@@ -19,6 +19,7 @@ import gin
 import numpy as np
 import pyarrow as pa
 
+from recap import logs
 from recap.core import columns as C
 from recap.core.advantages import (
     DEFAULT_POSITIVE_QUANTILE,
@@ -44,6 +45,8 @@ from recap.data.sidecars import (
 )
 from recap.data.specs import DatasetSpec, parse_dataset_specs
 from recap.errors import DatasetError, RecapError, located
+
+log = logs.get(__name__)
 
 # Relabeling needs episode_index, frame_index and advantage_continuous; the other columns are
 # carried over when the source has them (RLinf's relabel / STEAM files have 8 of the 11) and
@@ -169,9 +172,9 @@ def relabel(
 def _print_summary(parts: dict[str, pa.Table], record: dict, source: str, new: str) -> None:
     for name, part in parts.items():
         positives = int(np.count_nonzero(part.column(C.ADVANTAGE).to_numpy()))
-        print(f"{name}: {positives}/{part.num_rows} frames positive")
+        log.info(f"{name}: {positives}/{part.num_rows} frames positive")
     thresholds = ", ".join(f"{k}: {v:.6g}" for k, v in record["thresholds"].items())
-    print(
+    log.info(
         f"tag {new!r} from {source!r}: positive_quantile {record['positive_quantile']}, "
         f"scope {record['scope']}, thresholds {{{thresholds}}}, "
         f"{record['num_positive']}/{record['num_frames']} positive"

@@ -14,14 +14,18 @@ from pathlib import Path
 import gin
 
 import recap.data.datasets  # noqa: F401  (registers value_data with gin)
-import recap.data.policy_data  # noqa: F401  (registers policy_data and pi05_policy with gin)
+import recap.data.policy_data  # noqa: F401  (registers policy_data with gin)
+import recap.models.pi05  # noqa: F401  (registers pi05_policy: gin/policy.gin wires both)
 import recap.models.toy  # noqa: F401  (registers toy_model / toy_data with gin)
 import recap.models.value  # noqa: F401  (registers value_model with gin)
+from recap import logs
 from recap.engine import distributed
 from recap.engine.deepspeed_config import check_nvme_offload, deepspeed_config
 from recap.engine.tracking import Tracker
 from recap.engine.trainer import FitResult, LoopOptions, fit
 from recap.errors import RecapError
+
+log = logs.get(__name__)
 
 
 @gin.configurable
@@ -68,8 +72,7 @@ def train(
         return model
 
     result = fit(build, train_data, eval_data, config, options, Tracker())
-    if distributed.is_main():
-        final = {**result.train_metrics, **result.eval_metrics}
-        shown = ", ".join(f"{k} {v:.5g}" for k, v in final.items() if "loss" in k)
-        print(f"{step_name}: step {result.step}; {shown}; weights in {result.export_path}")
+    final = {**result.train_metrics, **result.eval_metrics}
+    shown = ", ".join(f"{k} {v:.5g}" for k, v in final.items() if "loss" in k)
+    log.info(f"{step_name}: step {result.step}; {shown}; weights in {result.export_path}")
     return result

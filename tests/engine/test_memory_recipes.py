@@ -82,12 +82,12 @@ def test_recipes_on_eight_32_gb_cards_and_when_nothing_fits():
 def test_recipe_lora_counts_are_peft_counts():
     import peft
 
-    from recap.models.adapters import LoraOptions, adapt
+    from recap.models.adapters import LoraOptions, adapt, recipe_steps
     from recap.models.pi05 import build_pi05
     from tests.models.test_pi05 import tiny_config
 
     options = LoraOptions(rank=4, alpha=4.0, expert_rank=8, expert_alpha=8.0)
-    counts = memory.recipe_counts(lambda: build_pi05(tiny_config()), options)
+    counts = memory.recipe_counts(lambda: build_pi05(tiny_config()), recipe_steps(options))
     model = adapt(build_pi05(tiny_config()), options)
     assert counts["lora"].trainable == peft.get_model_status(model).trainable_params == 44_774
     assert counts["full"].trainable == 101_510 and counts["lora_frozen_vision"].trainable == 17_190
