@@ -38,6 +38,7 @@ CONSOLE_SCRIPTS = {
     "recap-demo-data": "recap.commands.make_demo_data:main",
     "recap-import": "recap.commands.import_rlinf:main",
     "recap-serve": "recap.commands.serve:main",
+    "recap-collect": "recap.commands.collect:main",
 }
 
 
