@@ -117,6 +117,25 @@ def load_policy(model_fn: Callable[[], Pi05Policy], run_dir: Path) -> Pi05Policy
     return model.eval()
 
 
+def load_run(
+    run_dir: str | Path | None = None,
+    model_fn: Callable[[], Pi05Policy] = pi05_policy,
+    data_fn: Callable[[], PolicyDataset] = policy_data,
+) -> tuple[Pi05Policy, PolicyDataset, Path]:
+    """A trained Step 4 policy under the parsed gin config: ``model_fn()`` with the run's
+    exported weights, ``data_fn()`` with the statistics the run exported (else its own; one line
+    says which); ``run_dir`` defaults to ``train.run_dir``."""
+    run = Path(run_dir if run_dir is not None else gin.query_parameter("train.run_dir"))
+    model, data = load_policy(model_fn, run), data_fn(export_stats=False)
+    stats, path = run_stats(run)
+    if stats is not None:
+        data.stats = {name: stats[name].first(len(data.stats[name])) for name in data.stats}
+    print(describe_stats(data.stats, str(path) if path else "policy_data (the run exported "
+                         "none)"), flush=True)  # fmt: skip
+    data.check_model(model)
+    return model, data, run
+
+
 @gin.configurable
 def evaluate_policy(
     run_dir: str | None = None,
@@ -139,14 +158,7 @@ def evaluate_policy(
     ``positive_only_conditional``) or ``"no_guide"`` (the plain prompt only).
     ``state_targets``: the task's ``ReachConfig.state_targets``, as the demo data was written
     (``recap-demo-data --state-targets``)."""
-    run = Path(run_dir if run_dir is not None else gin.query_parameter("train.run_dir"))
-    model, data = load_policy(model_fn, run), data_fn(export_stats=False)
-    stats, path = run_stats(run)
-    if stats is not None:
-        data.stats = {name: stats[name].first(len(data.stats[name])) for name in data.stats}
-    print(describe_stats(data.stats, str(path) if path else "policy_data (the run exported "
-                         "none)"), flush=True)  # fmt: skip
-    data.check_model(model)
+    model, data, run = load_run(run_dir, model_fn, data_fn)
     if data.conditioning in PLAIN:
         betas = [1.0]  # one prompt: guidance has nothing to contrast
     results, outcomes, headings = {}, {}, {}
