@@ -29,21 +29,21 @@ from torch.utils.data import Dataset
 from recap import logs
 from recap.config_check import bound
 from recap.core import columns as C
-from recap.core.advantages import align_to_frames
+from recap.core.frames import align_to_frames
 from recap.core.normalize import ReturnRange, normalize_returns
 from recap.data.lerobot import KeyMap
 from recap.data.loader import FrameDataset, pass_through
 from recap.data.sidecars import read_returns, write_atomic
 from recap.data.specs import DatasetSpec, split_specs
 from recap.data.transforms import (
+    NUM_CAMERAS,
     build_prompt,
     load_tokenizer,
-    resize_frames,
+    pack_cameras,
     tokenize_prompts,
 )
 from recap.errors import DatasetError, RecapError, located
 
-NUM_SLOTS = 3
 MIXING = ("proportional", "balanced")
 
 
@@ -135,9 +135,9 @@ class ValueDataset(Dataset):
 
     def _source(self, spec: DatasetSpec, tag: str, key_map: KeyMap | None, prompts: list[str]):
         frames = FrameDataset(spec.root, key_map=key_map)
-        if len(frames.key_map.cameras) > NUM_SLOTS:
+        if len(frames.key_map.cameras) > NUM_CAMERAS:
             cams = len(frames.key_map.cameras)
-            message = f"{cams} cameras; the value model has {NUM_SLOTS} slots, trim the key map"
+            message = f"{cams} cameras; the value model has {NUM_CAMERAS} slots, trim the key map"
             raise DatasetError(located(spec.root, message))
         sidecar, _ = read_returns(spec.root, tag)
         keys = pa.table({C.EPISODE_INDEX: frames.columns[C.EPISODE_INDEX],
@@ -161,17 +161,16 @@ class ValueDataset(Dataset):
         idx = np.asarray(indices, dtype=np.int64)
         src, rows = self.source_of[idx], self.row_of[idx]
         n = idx.shape[0]
-        frames = torch.zeros(n, NUM_SLOTS, self.image_size, self.image_size, 3, dtype=torch.uint8)
-        masks = torch.zeros(n, NUM_SLOTS, dtype=torch.bool)
+        frames = torch.zeros(n, NUM_CAMERAS, self.image_size, self.image_size, 3, dtype=torch.uint8)
+        masks = torch.zeros(n, NUM_CAMERAS, dtype=torch.bool)
         target = np.empty(n, dtype=np.float32)
         code = np.empty(n, dtype=np.int64)
         for s in np.unique(src).tolist():  # one batched fetch per dataset in the batch
             sel = np.flatnonzero(src == s)
             source = self.sources[s]
             batch = source.frames.__getitems__(rows[sel])
-            for slot, camera in enumerate(source.frames.key_map.cameras):
-                frames[sel, slot] = resize_frames(batch["images"][camera], self.image_size)
-                masks[sel, slot] = True
+            cameras = source.frames.key_map.cameras
+            frames[sel], masks[sel] = pack_cameras(batch["images"], self.image_size, cameras)
             target[sel] = source.target[rows[sel]]
             code[sel] = source.prompt_code[rows[sel]]
         length = max(int(self.prompt_mask[code].sum(1).max()), 1) if n else 1

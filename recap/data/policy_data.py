@@ -61,11 +61,11 @@ from recap.data.conditioning import (
     pi05_prompt,
     quantile_stats,
 )
-from recap.data.datasets import MIXING, NUM_SLOTS, _virtual_index
+from recap.data.datasets import MIXING, _virtual_index
 from recap.data.lerobot import KeyMap, LocalDataset, detect_key_map
 from recap.data.loader import FrameDataset, pass_through
 from recap.data.specs import DatasetSpec, split_specs
-from recap.data.transforms import load_tokenizer, resize_frames
+from recap.data.transforms import NUM_CAMERAS, load_tokenizer, pack_cameras
 from recap.errors import DatasetError, RecapError, located
 
 NONE = "none"  # conditioning mode of the behaviour-cloning baseline
@@ -247,8 +247,8 @@ class PolicyDataset(Dataset):
 
     def _source(self, spec: DatasetSpec, tag: str, key_map: KeyMap | None, horizon: int):
         frames = FrameDataset(spec.root, key_map=key_map, action_horizon=horizon)
-        if len(frames.key_map.cameras) > NUM_SLOTS:
-            message = f"{len(frames.key_map.cameras)} cameras; the policy has {NUM_SLOTS} slots"
+        if len(frames.key_map.cameras) > NUM_CAMERAS:
+            message = f"{len(frames.key_map.cameras)} cameras; the policy has {NUM_CAMERAS} slots"
             raise DatasetError(located(spec.root, message + ", trim the key map"))
         tasks = frames.dataset.task_texts(frames.columns[C.TASK_INDEX])
         ep, fr = frames.columns[C.EPISODE_INDEX], frames.columns[C.FRAME_INDEX]
@@ -306,8 +306,8 @@ class PolicyDataset(Dataset):
             conditional[at] = self.conditional_in(epoch)[idx[at]]
         src, rows, n = self.source_of[idx], self.row_of[idx], idx.shape[0]
         size = self.image_size
-        frames = torch.zeros(n, NUM_SLOTS, size, size, 3, dtype=torch.uint8)
-        masks = torch.zeros(n, NUM_SLOTS, dtype=torch.bool)
+        frames = torch.zeros(n, NUM_CAMERAS, size, size, 3, dtype=torch.uint8)
+        masks = torch.zeros(n, NUM_CAMERAS, dtype=torch.bool)
         horizon = self.action_horizon
         actions = torch.zeros(n, horizon, self.action_dim)
         action_mask = torch.zeros(n, horizon, self.action_dim, dtype=torch.bool)
@@ -316,9 +316,8 @@ class PolicyDataset(Dataset):
             sel = np.flatnonzero(src == s)
             source = self.sources[s]
             batch = source.frames.__getitems__(rows[sel])
-            for slot, camera in enumerate(source.frames.key_map.cameras):
-                frames[sel, slot] = resize_frames(batch["images"][camera], self.image_size)
-                masks[sel, slot] = True
+            cameras = source.frames.key_map.cameras
+            frames[sel], masks[sel] = pack_cameras(batch["images"], size, cameras)
             chunk, dims = self.normalize(batch["action"], "action")
             actions[sel], action_mask[sel] = chunk, batch["action_mask"][..., None] & dims
             state = normalize_quantile(batch["state"].numpy(), self.stats["state"])

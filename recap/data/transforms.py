@@ -7,7 +7,8 @@ Images: frames arrive as uint8[N, H, W, 3] (``LocalDataset.frames``). They are r
 one ``torch.Generator`` so a seed reproduces it): non-wrist cameras get a random 95% crop and a
 rotation in [-5, 5] degrees (one ``affine_grid`` + ``grid_sample``, black outside); all cameras
 get brightness x[0.7, 1.3], contrast x[0.6, 1.4] and saturation x[0.5, 1.5] jitter. Eval: none.
-Everything is vectorized over N; torchvision is not used.
+Everything is vectorized over N; torchvision is not used. The models take cameras in fixed slots
+(``NUM_CAMERAS``: base, left wrist, right wrist), as uint8 frames plus masks: ``pack_cameras``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import logging
 import math
 import os
 import string
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +30,7 @@ log = logging.getLogger(__name__)
 
 IMAGE_SIZE = 224
 MAX_TOKENS = 200
-NUM_CAMERAS = 3  # base, left wrist, right wrist
+NUM_CAMERAS = 3  # camera slots of the value model and the policy: base, left wrist, right wrist
 CROP_SCALE = 0.95
 MAX_ROTATION_DEG = 5.0
 BRIGHTNESS, CONTRAST, SATURATION = (0.7, 1.3), (0.6, 1.4), (0.5, 1.5)
@@ -268,6 +269,55 @@ def is_wrist(camera: str) -> bool:
     return "wrist" in camera.lower()
 
 
+def slot_order(cameras: Iterable[str]) -> list[str]:
+    """Camera keys in slot order: base cameras first, then wrist cameras (``is_wrist``), each
+    group in the order given: ``["wrist_image", "image"]`` -> ``["image", "wrist_image"]``."""
+    return sorted(cameras, key=is_wrist)
+
+
+def _slot_frames(
+    frames: Mapping[str, np.ndarray | torch.Tensor | None], cameras: Sequence[str], num_slots: int
+) -> tuple[list[np.ndarray | torch.Tensor | None], int]:
+    """Per slot the frames of its camera (None where missing), and N: the checks of both
+    packings (too many cameras, none present, unequal batch sizes)."""
+    if len(cameras) > num_slots:
+        raise RecapError(f"key map: {len(cameras)} cameras {tuple(cameras)} but the model has "
+                         f"{num_slots} slots; drop cameras from the key map")  # fmt: skip
+    present = [frames.get(k) for k in cameras]
+    sizes = {k: len(f) for k, f in zip(cameras, present, strict=True) if f is not None}
+    if not sizes:
+        raise RecapError(f"frames: none of the cameras {tuple(cameras)} present; check the key map")
+    if len(set(sizes.values())) > 1:
+        raise RecapError(f"frames: cameras hold different numbers of frames {sizes}")
+    return present, next(iter(sizes.values()))
+
+
+def pack_cameras(
+    frames_by_camera: Mapping[str, np.ndarray | torch.Tensor | None],
+    image_size: int,
+    cameras: Sequence[str] | None = None,
+    num_slots: int = NUM_CAMERAS,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The models' camera slots of a batch: ``(uint8[N, num_slots, S, S, 3], bool[N, num_slots])``.
+
+    ``frames_by_camera``: camera key -> uint8[N, H, W, 3] (numpy or torch), or None when missing.
+    ``cameras``: the camera of each slot, in slot order (``KeyMap.cameras``, a server's image
+    keys); default: the keys of ``frames_by_camera`` in ``slot_order`` (base first, then wrist
+    cameras). Frames are resized to ``S = image_size`` (``resize_frames``: aspect ratio kept,
+    black padding, a no-op at S x S). A slot without a camera, or whose frames are missing or
+    None, is zeros with mask False. Every loader, the evaluation and the server pack this way.
+    """
+    cameras = slot_order(frames_by_camera) if cameras is None else cameras
+    present, n = _slot_frames(frames_by_camera, cameras, num_slots)
+    slots = torch.zeros(n, num_slots, image_size, image_size, 3, dtype=torch.uint8)
+    masks = torch.zeros(n, num_slots, dtype=torch.bool)
+    for slot, camera_frames in enumerate(present):
+        if camera_frames is not None:
+            slots[:, slot] = resize_frames(camera_frames, image_size)
+            masks[:, slot] = True
+    return slots, masks
+
+
 def camera_images(
     frames: Mapping[str, np.ndarray | torch.Tensor | None],
     cameras: Sequence[str],
@@ -276,18 +326,14 @@ def camera_images(
     train: bool = False,
     generator: torch.Generator | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(images float32[N, num_slots, 3, size, size], masks bool[N, num_slots])``.
+    """``(images float32[N, num_slots, 3, size, size], masks bool[N, num_slots])``: the slots of
+    ``pack_cameras`` as model images, resized in float (no uint8 round trip) and augmented per
+    camera when ``train`` (geometry on non-wrist cameras).
 
     ``cameras``: keys in slot order (``KeyMap.cameras``: base, left wrist, right wrist); a slot
     without a camera, or whose frames are missing/None, is a zero image with mask False.
     """
-    if len(cameras) > num_slots:
-        raise RecapError(f"key map: {len(cameras)} cameras {tuple(cameras)} but the model has "
-                         f"{num_slots} slots; drop cameras from the key map")  # fmt: skip
-    present = [frames.get(k) for k in cameras]
-    n = next((len(f) for f in present if f is not None), None)
-    if n is None:
-        raise RecapError(f"frames: none of the cameras {tuple(cameras)} present; check the key map")
+    present, n = _slot_frames(frames, cameras, num_slots)
     images = torch.zeros(n, num_slots, 3, size, size)
     masks = torch.zeros(n, num_slots, dtype=torch.bool)
     for slot, (key, slot_frames) in enumerate(zip(cameras, present)):

@@ -47,10 +47,9 @@ from recap.data.conditioning import (
     pi05_prompt,
     unnormalize_quantile,
 )
-from recap.data.datasets import NUM_SLOTS
 from recap.data.policy_data import CONDITIONING as CONDITIONINGS
 from recap.data.policy_data import PLAIN
-from recap.data.transforms import pad_token_rows, resize_frames
+from recap.data.transforms import NUM_CAMERAS, pack_cameras, pad_token_rows
 from recap.errors import RecapError
 from recap.models.pi05 import GUIDANCE, Pi05Policy
 from recap.serve.wire import find_bad
@@ -89,8 +88,8 @@ class ServeSpec:
 class Prepared:
     """One validated request: model inputs of one example."""
 
-    frames: torch.Tensor  # uint8[NUM_SLOTS, S, S, 3]
-    image_mask: torch.Tensor  # bool[NUM_SLOTS]
+    frames: torch.Tensor  # uint8[NUM_CAMERAS, S, S, 3]
+    image_mask: torch.Tensor  # bool[NUM_CAMERAS]
     prompts: dict[str, list[int]]  # "guided" / "plain" / "negative" -> token ids (BOS first)
     beta: float
     noise: torch.Tensor | None  # float32[H, A] when the request carried noise_seed
@@ -147,10 +146,10 @@ class ServedPolicy:
                 "positive_only_conditional (it never saw the negative prompt)"
             )
         self.spec = spec or ServeSpec()
-        if len(self.spec.image_keys) > NUM_SLOTS or not self.spec.image_keys:
+        if len(self.spec.image_keys) > NUM_CAMERAS or not self.spec.image_keys:
             raise RecapError(
                 f"--image-keys: {len(self.spec.image_keys)} cameras; the policy has "
-                f"1 to {NUM_SLOTS} camera slots"
+                f"1 to {NUM_CAMERAS} camera slots"
             )
         self.device = torch.device(device)
         self.model = model.to(self.device).eval()
@@ -199,6 +198,7 @@ class ServedPolicy:
         return float(beta)
 
     def _image(self, obs: dict, key: str) -> torch.Tensor:
+        """uint8[1, H, W, 3]: the request's camera image ``key``, checked (``RequestError``)."""
         value = _lookup(obs, key)
         if value is None:
             raise RequestError(key, "missing (a uint8 [H, W, 3] camera image)")
@@ -213,8 +213,7 @@ class ServedPolicy:
                 f"expected uint8 [H, W, 3] with 1 <= H, W <= "
                 f"{MAX_IMAGE_SIDE}, got {_describe(value)}",
             )
-        frames = torch.from_numpy(np.ascontiguousarray(value)[None].copy())
-        return resize_frames(frames, self.image_size)[0]
+        return torch.from_numpy(np.ascontiguousarray(value)[None].copy())
 
     def _state(self, obs: dict) -> np.ndarray | None:
         key = self.spec.state_key
@@ -283,10 +282,9 @@ class ServedPolicy:
         bad = find_bad(obs)
         if bad is not None:
             raise RequestError(bad[0] or "frame", bad[1].reason)
-        frames = torch.zeros(NUM_SLOTS, self.image_size, self.image_size, 3, dtype=torch.uint8)
-        mask = torch.zeros(NUM_SLOTS, dtype=torch.bool)
-        for slot, key in enumerate(self.spec.image_keys):
-            frames[slot], mask[slot] = self._image(obs, key), True
+        keys = self.spec.image_keys
+        images = {key: self._image(obs, key) for key in keys}  # validated, in key order
+        frames, mask = pack_cameras(images, self.image_size, keys)  # [1, NUM_CAMERAS, ...]
         state = self._state(obs)
         task = self._prompt(obs)
         beta = obs.get(self.spec.beta_key)
@@ -311,7 +309,7 @@ class ServedPolicy:
             )
             for name in self.branches(beta)
         }
-        return Prepared(frames, mask, prompts, beta, noise)
+        return Prepared(frames[0], mask[0], prompts, beta, noise)
 
     def noise(self, seed: int | None) -> torch.Tensor:
         """float32[H, A]: the noise of a request carrying ``noise_seed = seed``; without one,

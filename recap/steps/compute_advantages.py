@@ -33,19 +33,21 @@ from recap import logs, viz
 from recap.core import columns as C
 from recap.core.advantages import (
     DEFAULT_LOOKAHEAD,
+    VALUE,
+    add_advantages,
+    check_lookahead,
+    labeling_of,
+)
+from recap.core.frames import align_to_frames
+from recap.core.normalize import GLOBAL, ReturnRange
+from recap.core.oracle import episode_success
+from recap.core.thresholds import (
     DEFAULT_POSITIVE_QUANTILE,
     IS_CORRECTION,
     SCOPE_GLOBAL,
-    VALUE,
     LabelOptions,
-    add_advantages,
-    align_to_frames,
-    check_lookahead,
     check_positive_quantile,
-    labeling_of,
 )
-from recap.core.normalize import GLOBAL, ReturnRange
-from recap.core.oracle import episode_success
 from recap.data.datasets import ValueDataset, read_return_range
 from recap.data.sidecars import (
     ADVANTAGES,

@@ -42,7 +42,7 @@ from recap.data.synthetic import (
     seeded_layouts,
     stack_observations,
 )
-from recap.data.transforms import is_wrist, resize_frames
+from recap.data.transforms import pack_cameras
 from recap.engine.inference import load_exported
 from recap.errors import RecapError
 from recap.models.pi05 import Pi05Policy, pi05_policy
@@ -74,12 +74,7 @@ class PolicyAdapter:
 
     def batch(self, obs: dict) -> dict[str, torch.Tensor]:
         """The model batch of ``synthetic.stack_observations`` output (no actions)."""
-        cams = sorted(obs["images"], key=is_wrist)  # base camera first, then the wrist
-        frames = [resize_frames(obs["images"][c], self.data.image_size) for c in cams]
-        n, size = frames[0].shape[0], self.data.image_size
-        slots = torch.zeros(n, 3, size, size, 3, dtype=torch.uint8)
-        masks = torch.zeros(n, 3, dtype=torch.bool)
-        slots[:, : len(frames)], masks[:, : len(frames)] = torch.stack(frames, 1), True
+        slots, masks = pack_cameras(obs["images"], self.data.image_size)  # base first, wrists
         state = normalize_quantile(np.asarray(obs["state"], np.float64), self.data.stats["state"])
         label = None if self.data.conditioning in PLAIN else True
         cond = [self.data.prompt(t, label, s) for t, s in zip(obs["task"], state)]

@@ -21,17 +21,14 @@ import pyarrow as pa
 
 from recap import logs
 from recap.core import columns as C
-from recap.core.advantages import (
+from recap.core.advantages import labeling_of, relabel_advantages
+from recap.core.frames import align_to_frames, finite_column, frame_layout
+from recap.core.thresholds import (
     DEFAULT_POSITIVE_QUANTILE,
     IS_CORRECTION,
     SCOPE_GLOBAL,
     SCOPE_PER_TASK,
     LabelOptions,
-    align_to_frames,
-    finite_column,
-    frame_layout,
-    labeling_of,
-    relabel_advantages,
 )
 from recap.data.lerobot import LocalDataset
 from recap.data.sidecars import (

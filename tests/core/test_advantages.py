@@ -5,16 +5,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from recap.core import columns as C
-from recap.core.advantages import (
-    VALUE,
-    LabelOptions,
-    add_advantages,
-    align_to_frames,
-    labeling_of,
-    quantile_threshold,
-    relabel_advantages,
-)
+from recap.core.advantages import VALUE, add_advantages, labeling_of, relabel_advantages
+from recap.core.frames import align_to_frames
 from recap.core.normalize import TASK_LENGTH, ReturnRange, normalize_returns
+from recap.core.thresholds import LabelOptions, quantile_threshold
 from recap.errors import RecapError
 
 # SPEC Step 3 example: Step 1's success T=6 and failure T=5 (failure_reward -300) concatenated.

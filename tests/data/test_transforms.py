@@ -116,3 +116,68 @@ def test_camera_images_slots_and_masks():
         T.camera_images({}, LIBERO_KEYS.cameras, size=8)
     with pytest.raises(RecapError, match="4 cameras"):
         T.camera_images(frames, ("a", "b", "c", "d"), size=8)
+
+
+def solid(values: list[int], height: int, width: int) -> np.ndarray:
+    """uint8[len(values), height, width, 3]: frame i filled with values[i]."""
+    return (
+        np.array(values, dtype=np.uint8)[:, None, None, None]
+        .repeat(height, 1)
+        .repeat(width, 2)
+        .repeat(3, 3)
+    )
+
+
+def test_slot_order_puts_base_cameras_first():
+    cams = ["left_wrist_0_rgb", "base_0_rgb", "right_wrist_0_rgb"]
+    assert T.slot_order(cams) == ["base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb"]
+    assert T.slot_order(["wrist_image", "image"]) == ["image", "wrist_image"]
+
+
+def test_pack_cameras_base_and_wrist():
+    base, wrist = solid([10, 11], 8, 8), solid([200, 201], 8, 8)
+    # given wrist first and without a slot order: base first, then the wrist, then an empty slot
+    slots, masks = T.pack_cameras({"wrist_image": wrist, "image": torch.from_numpy(base)}, 8)
+    assert slots.dtype == torch.uint8 and slots.shape == (2, T.NUM_CAMERAS, 8, 8, 3)
+    assert masks.dtype == torch.bool and masks.tolist() == [[True, True, False]] * 2
+    assert torch.equal(slots[:, 0], torch.from_numpy(base))
+    assert torch.equal(slots[:, 1], torch.from_numpy(wrist))
+    assert not slots[:, 2].any()
+    # an explicit slot order (a key map's) is kept as given
+    swapped, _ = T.pack_cameras({"image": base, "wrist_image": wrist}, 8, ("wrist_image", "image"))
+    assert torch.equal(swapped[:, 0], torch.from_numpy(wrist))
+    assert torch.equal(swapped[:, 1], torch.from_numpy(base))
+
+
+def test_pack_cameras_missing_camera_is_a_zero_slot_masked_out():
+    wrist = solid([7], 8, 8)
+    slots, masks = T.pack_cameras({"wrist_image": wrist}, 8, LIBERO_KEYS.cameras)
+    assert masks.tolist() == [[False, True, False]]
+    assert not slots[:, 0].any() and not slots[:, 2].any()
+    assert torch.equal(slots[:, 1], torch.from_numpy(wrist))
+    slots, masks = T.pack_cameras({"image": solid([9], 8, 8), "wrist_image": None}, 8)
+    assert masks.tolist() == [[True, False, False]]
+    assert (slots[:, 0] == 9).all() and not slots[:, 1:].any()
+
+
+def test_pack_cameras_resizes_with_pad():
+    wide = solid([200], 4, 8)  # H 4, W 8 -> 8 x 8: the image in rows 2-5, black above and below
+    slots, masks = T.pack_cameras({"image": wide}, 8)
+    expected = np.zeros((8, 8, 3), np.uint8)
+    expected[2:6] = 200
+    assert masks.tolist() == [[True, False, False]]
+    assert torch.equal(slots[0, 0], torch.from_numpy(expected))
+    big = ramp(2, 16)  # 16 x 16 -> 8 x 8: resize_frames, bit for bit
+    slots, _ = T.pack_cameras({"image": big, "wrist_image": big}, 8)
+    assert torch.equal(slots[:, 0], T.resize_frames(big, 8))
+    assert torch.equal(slots[:, 1], T.resize_frames(big, 8))
+
+
+def test_pack_cameras_errors():
+    one = solid([1], 8, 8)
+    with pytest.raises(RecapError, match="4 cameras"):
+        T.pack_cameras({k: one for k in "abcd"}, 8)
+    with pytest.raises(RecapError, match="none of the cameras"):
+        T.pack_cameras({"image": None}, 8)
+    with pytest.raises(RecapError, match="different numbers of frames"):
+        T.pack_cameras({"image": one, "wrist_image": solid([1, 2], 8, 8)}, 8)

@@ -13,7 +13,7 @@ import torch
 import recap.steps.train  # noqa: F401  (registers policy_data and pi05_policy)
 from recap.cli import parse_gin
 from recap.commands.collect import main
-from recap.core.advantages import IS_CORRECTION
+from recap.core.thresholds import IS_CORRECTION
 from recap.data.lerobot import LocalDataset
 from recap.data.policy_data import policy_data
 from recap.data.synthetic import write_demo_datasets, write_demo_tokenizer

@@ -7,8 +7,9 @@ import pyarrow as pa
 import pytest
 
 from recap.core import columns as C
-from recap.core.advantages import IS_CORRECTION, VALUE, LabelOptions, add_advantages
+from recap.core.advantages import VALUE, add_advantages
 from recap.core.normalize import ReturnRange
+from recap.core.thresholds import IS_CORRECTION, LabelOptions
 from recap.data.lerobot import LEROBOT_KEYS, LocalDataset, detect_key_map
 from recap.data.lerobot_writer import Episode, WriterConfig, write_lerobot_dataset
 from recap.data.specs import DatasetSpec

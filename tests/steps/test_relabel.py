@@ -11,15 +11,10 @@ import pytest
 import yaml
 
 from recap.core import columns as C
-from recap.core.advantages import (
-    IS_CORRECTION,
-    VALUE,
-    LabelOptions,
-    add_advantages,
-    align_to_frames,
-    labeling_of,
-)
+from recap.core.advantages import VALUE, add_advantages, labeling_of
+from recap.core.frames import align_to_frames
 from recap.core.normalize import ReturnRange
+from recap.core.thresholds import IS_CORRECTION, LabelOptions
 from recap.data.lerobot import LocalDataset
 from recap.data.sidecars import read_advantages, read_returns, write_advantages
 from recap.errors import DatasetError, RecapError
