@@ -9,9 +9,7 @@ executed before the next call; ``load_run`` (``evaluate_policy``'s) loads a trai
 from __future__ import annotations
 
 import numpy as np
-import torch
 
-from recap.data.conditioning import unnormalize_quantile
 from recap.steps.evaluate_policy import PolicyAdapter, load_run
 
 __all__ = ["ChunkAdapter", "load_run"]
@@ -21,14 +19,4 @@ class ChunkAdapter(PolicyAdapter):
     """``policy(batched observations) -> float32[B, H, D]``: the unnormalized action chunk."""
 
     def __call__(self, obs: dict) -> np.ndarray:
-        batch = self.batch(obs)
-        config = self.model.config
-        shape = (batch["frames"].shape[0], config.action_horizon, config.action_dim)
-        noise = torch.randn(shape, generator=self.generator)
-        positive_only = self.data.conditioning == "positive_only_conditional"
-        with torch.no_grad():
-            chunk = self.model.sample_actions(batch, noise, self.beta, self.num_steps,
-                                              guidance=self.guidance,
-                                              positive_only=positive_only)  # fmt: skip
-        actions = unnormalize_quantile(chunk.double().numpy(), self.data.stats["action"])
-        return actions.astype(np.float32)
+        return self.chunk(obs).astype(np.float32)

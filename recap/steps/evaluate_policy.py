@@ -88,17 +88,21 @@ class PolicyAdapter:
             batch["neg_input_ids"], batch["neg_attention_mask"] = self.data.tokenize(negative)
         return batch
 
-    def __call__(self, obs: dict) -> np.ndarray:
+    def chunk(self, obs: dict) -> np.ndarray:
+        """float64[B, H, D]: the sampled action chunk, unnormalized."""
         batch = self.batch(obs)
         config = self.model.config
         shape = (batch["frames"].shape[0], config.action_horizon, config.action_dim)
         noise = torch.randn(shape, generator=self.generator)
         positive_only = self.data.conditioning == "positive_only_conditional"
-        chunk = self.model.sample_actions(batch, noise, self.beta, self.num_steps,
-                                          guidance=self.guidance,
-                                          positive_only=positive_only)  # fmt: skip
-        actions = unnormalize_quantile(chunk.double().numpy(), self.data.stats["action"])
-        return actions[:, 0].astype(np.float32)
+        with torch.no_grad():
+            chunk = self.model.sample_actions(batch, noise, self.beta, self.num_steps,
+                                              guidance=self.guidance,
+                                              positive_only=positive_only)  # fmt: skip
+        return unnormalize_quantile(chunk.double().numpy(), self.data.stats["action"])
+
+    def __call__(self, obs: dict) -> np.ndarray:
+        return self.chunk(obs)[:, 0].astype(np.float32)
 
 
 def load_policy(model_fn: Callable[[], Pi05Policy], run_dir: Path) -> Pi05Policy:
