@@ -344,12 +344,13 @@ def seeded_layouts(count: int, seed: int, config: ReachConfig = ReachConfig()) -
     return [sample_layout(rng, config) for _ in range(count)]
 
 
-def stack_observations(observations: list[Observation]) -> Observation:
-    """Batch observations: images uint8[B,S,S,3] per camera, state float32[B,8], task list."""
+def stack_observations(observations: Sequence[Observation]) -> Observation:
+    """Batch observations (this task's or any ``recap.envs`` env's): images uint8[B,H,W,3] per
+    camera, state float32[B,S], task list."""
     cams = observations[0]["images"]
     return {
         "images": {c: np.stack([o["images"][c] for o in observations]) for c in cams},
-        "state": np.stack([o["state"] for o in observations]),
+        "state": np.stack([np.asarray(o["state"], np.float32) for o in observations]),
         "task": [o["task"] for o in observations],
     }
 

@@ -24,6 +24,7 @@ import numpy as np
 
 from recap.data.lerobot import KeyMap
 from recap.data.lerobot_writer import V30, WriterConfig, column_names
+from recap.data.synthetic import stack_observations  # noqa: F401  (the one batching, re-exported)
 
 Observation = dict[str, Any]
 # batched observations (``stack_observations``) -> float[B, A] actions or float[B, H, A] chunks
@@ -92,16 +93,6 @@ def make_envs(envs: EnvSource, num_envs: int) -> list[Env]:
                 f"{i}); make one instance per entry, or pass a factory"
             )
     return made
-
-
-def stack_observations(observations: Sequence[Observation]) -> Observation:
-    """Batch observations: images uint8[B,H,W,3] per camera, state float32[B,S], task list."""
-    cams = observations[0]["images"]
-    return {
-        "images": {c: np.stack([o["images"][c] for o in observations]) for c in cams},
-        "state": np.stack([np.asarray(o["state"], np.float32) for o in observations]),
-        "task": [o["task"] for o in observations],
-    }
 
 
 def unstack_observations(batch: Observation) -> list[Observation]:
