@@ -259,7 +259,8 @@ class RandomPolicy:
         return pad_action(self.rng.uniform(-1.0, 1.0, size=2))
 
 
-def _reset(policy: Policy) -> None:
+def reset_policy(policy: Policy) -> None:
+    """``policy.reset()`` when it has one (a controller starting an episode)."""
     reset = getattr(policy, "reset", None)
     if callable(reset):
         reset()
@@ -276,7 +277,7 @@ def evaluate(
     env, successes = ReachEnv(seed, config), 0
     for _ in range(num_episodes):
         obs, done, success = env.reset(), False, False
-        _reset(policy)
+        reset_policy(policy)
         while not done:
             obs, done, success = env.step(policy(obs))
         successes += success
@@ -370,7 +371,7 @@ ROLLOUT_MIX: PolicyMix = (
 def record_episode(env: ReachEnv, policy: Policy, layout: Layout | None = None) -> Episode:
     """Run one closed-loop episode; frame t holds obs_t and the action taken at it."""
     obs, done, success = env.reset(layout), False, False
-    _reset(policy)
+    reset_policy(policy)
     images: dict[str, list[np.ndarray]] = {cam: [] for cam in obs["images"]}
     states, actions, task = [], [], obs["task"]
     while not done:

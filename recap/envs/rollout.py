@@ -28,6 +28,7 @@ import numpy as np
 
 from recap.core.advantages import IS_CORRECTION
 from recap.data.lerobot_writer import Episode, write_lerobot_dataset
+from recap.data.synthetic import reset_policy
 from recap.envs.base import (
     BatchedPolicy,
     Controller,
@@ -78,12 +79,6 @@ class _Slot:
     corrections: int = 0
 
 
-def _reset(controller: Any) -> None:
-    reset = getattr(controller, "reset", None)
-    if callable(reset):
-        reset()
-
-
 def run_episodes(
     policy: BatchedPolicy,
     envs: EnvSource,
@@ -114,7 +109,7 @@ def run_episodes(
             return False
         slots[i] = _Slot(index=k, obs=envs[i].reset(seed + k))
         if expert is not None:
-            _reset(expert)
+            reset_policy(expert)
         return True
 
     live = [i for i in range(len(envs)) if start(i)]
