@@ -36,6 +36,8 @@ from recap.data.conditioning import normalize_quantile, unnormalize_quantile
 from recap.data.policy_data import PLAIN, PolicyDataset, describe_stats, policy_data, run_stats
 from recap.data.sidecars import write_atomic
 from recap.data.synthetic import (
+    STATE_NAMES,
+    TARGET_STATE_NAMES,
     ReachConfig,
     ReachEnv,
     episode_outcomes,
@@ -148,19 +150,21 @@ def evaluate_policy(
     max_steps: int = 40,
     noise_seed: int = 0,
     guidance: str = "positive",
-    state_targets: bool = False,
+    state_targets: bool | None = None,
 ) -> dict[str, float]:
     """Success rate per beta (``{"beta_1.0": rate, ...}``) over ``num_episodes`` episodes whose
     layouts come from ``seed`` (held out from the demo data's seeds); ``run_dir`` defaults to
     ``train.run_dir``. ``guidance`` (RLinf's ``guidance_type``): ``"positive"``, ``"negative"``
     (the "Advantage: negative" prompt as the guided branch; refused for a policy trained with
     ``positive_only_conditional``) or ``"no_guide"`` (the plain prompt only).
-    ``state_targets``: the task's ``ReachConfig.state_targets``, as the demo data was written
-    (``recap-demo-data --state-targets``)."""
+    ``state_targets``: the task's ``ReachConfig.state_targets``; None (default) reads it from
+    the training data's state names (``reach_state_targets``), as ``recap-demo-data`` wrote them
+    with or without ``--state-targets``."""
     model, data, run = load_run(run_dir, model_fn, data_fn)
     if data.conditioning in PLAIN:
         betas = [1.0]  # one prompt: guidance has nothing to contrast
     results, outcomes, headings = {}, {}, {}
+    state_targets = reach_state_targets(data, state_targets)
     config = ReachConfig(max_steps=max_steps, state_targets=state_targets)
     for beta in betas:
         start = time.perf_counter()
@@ -184,6 +188,34 @@ def evaluate_policy(
         print(f"{run.name}: conditioning sensitivity {record['sensitivity']}", flush=True)
     write_atomic({run / RESULTS_FILE: lambda p: p.write_text(json.dumps(record, indent=2) + "\n")})
     return results
+
+
+def reach_state_targets(data: PolicyDataset, state_targets: bool | None = None) -> bool:
+    """The reaching task's ``state_targets`` the policy was trained for, from the state names in
+    each training dataset's ``meta/info.json`` (``synthetic.STATE_NAMES``: False,
+    ``TARGET_STATE_NAMES``: True). An explicit ``state_targets`` that contradicts them, datasets
+    that disagree, or names of neither kind without an explicit value: one line."""
+    kinds = {STATE_NAMES: False, TARGET_STATE_NAMES: True}
+    found: dict[bool, Path] = {}
+    for source in data.sources:
+        dataset, key = source.frames.dataset, source.frames.key_map.state
+        names = tuple(dataset.features.get(key, {}).get("names") or ())
+        where = Path(dataset.root) / "meta" / "info.json"
+        if names not in kinds:
+            if state_targets is None:
+                raise RecapError(f"{where}: features.{key}.names {list(names)} are not the "
+                                 "reaching task's; set evaluate_policy.state_targets")  # fmt: skip
+            continue
+        found.setdefault(kinds[names], where)
+        if state_targets is not None and kinds[names] != state_targets:
+            written = "with" if kinds[names] else "without"
+            raise RecapError(f"{where}: features.{key}.names {list(names)}: the data was written "
+                             f"{written} --state-targets; evaluate_policy.state_targets = "
+                             f"{state_targets} contradicts it (remove the binding)")  # fmt: skip
+    if len(found) > 1:
+        raise RecapError(f"{found[True]}: state names with targets, {found[False]}: without; "
+                         "train on datasets of one kind")  # fmt: skip
+    return bool(state_targets) if state_targets is not None else next(iter(found), False)
 
 
 def conditioning_sensitivity(
