@@ -9,6 +9,7 @@ Existing datasets are kept (and summarized) unless ``--force``; one line per dat
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -30,6 +31,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--state-targets", action="store_true",
                         help="state[4:8] = each target's offset from the agent, and state-bin "
                         "words in the tokenizer (for policy_data.state_in_prompt)")  # fmt: skip
+    parser.add_argument("--workers", type=int, default=min(3, os.cpu_count() or 1),
+                        help="datasets written at once, a process each")  # fmt: skip
     return parser.parse_args(argv)
 
 
@@ -47,6 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             max_steps=args.max_steps,
             force=args.force,
             state_targets=args.state_targets,
+            workers=args.workers,
         )
     except (RecapError, FileExistsError) as exc:
         print(f"error: {exc}", file=sys.stderr)

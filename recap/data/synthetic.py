@@ -461,30 +461,52 @@ def write_demo_datasets(
     max_frames_per_file: int = 500,
     force: bool = False,
     state_targets: bool = False,
+    workers: int = 1,
 ) -> dict[str, dict[str, Any]]:
     """Write ``root/{sft,rollout,eval}`` (existing ones are kept unless ``force``);
-    ``state_targets``: ``ReachConfig.state_targets``.
+    ``state_targets``: ``ReachConfig.state_targets``; ``workers`` > 1 writes the datasets in
+    that many processes (each dataset's bytes depend only on its seed stream, so the files are
+    the same as one process writes).
 
     Returns name -> {"path", "type", "version", "episodes", "successes", "frames", "written"}.
     """
     config = ReachConfig(max_steps=max_steps, state_targets=state_targets)
     sizes = {"sft": sft_episodes, "rollout": rollout_episodes, "eval": eval_episodes}
-    out = {}
+    jobs = []
     for spec in demo_datasets(config.fps, max_frames_per_file):
         path = Path(root) / spec.name
-        written = force or not path.exists()
-        if written:
-            writer = replace(spec.writer, state_names=config.state_names, action_names=ACTION_NAMES)
-            episodes = generate_episodes(
-                sizes[spec.name],
-                seed=[seed, spec.stream],
-                mix=spec.mix,
-                config=config,
-                successes_only=spec.type == "sft",
-            )
-            write_lerobot_dataset(path, episodes, writer, overwrite=force)
-        out[spec.name] = {"type": spec.type, **summarize_dataset(path), "written": written}
-    return out
+        if force or not path.exists():
+            jobs.append((path, spec, sizes[spec.name], seed, config, force))
+    if workers > 1 and len(jobs) > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        context = multiprocessing.get_context("spawn")  # no forked torch / video-codec state
+        with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=context) as pool:
+            list(pool.map(_write_demo_dataset, *zip(*jobs, strict=True)))
+    else:
+        for job in jobs:
+            _write_demo_dataset(*job)
+    written = {job[1].name for job in jobs}
+    return {
+        spec.name: {"type": spec.type, **summarize_dataset(Path(root) / spec.name),
+                    "written": spec.name in written}
+        for spec in demo_datasets(config.fps, max_frames_per_file)
+    }  # fmt: skip
+
+
+def _write_demo_dataset(
+    path: Path, spec: DemoDataset, episodes: int, seed: int, config: ReachConfig, force: bool
+) -> None:
+    writer = replace(spec.writer, state_names=config.state_names, action_names=ACTION_NAMES)
+    stream = generate_episodes(
+        episodes,
+        seed=[seed, spec.stream],
+        mix=spec.mix,
+        config=config,
+        successes_only=spec.type == "sft",
+    )
+    write_lerobot_dataset(path, stream, writer, overwrite=force)
 
 
 def summarize_dataset(root: str | Path) -> dict[str, Any]:

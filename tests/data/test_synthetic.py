@@ -494,3 +494,17 @@ def test_write_demo_datasets_and_script(tmp_path, capsys):
     assert [line.split(":")[0] for line in lines] == ["tokenizer", "sft", "rollout", "eval"]
     lines = lines[1:]
     assert "written" in lines[0] and "episodes=2" in lines[0] and "successes=2" in lines[0]
+
+
+def test_demo_datasets_written_in_parallel_are_the_same_bytes(tmp_path):
+    sizes = dict(sft_episodes=2, rollout_episodes=3, eval_episodes=2, max_steps=12)
+    one = write_demo_datasets(tmp_path / "one", seed=3, max_frames_per_file=20, **sizes)
+    three = write_demo_datasets(tmp_path / "three", seed=3, max_frames_per_file=20, workers=3,
+                                **sizes)  # fmt: skip
+    assert {k: v["frames"] for k, v in one.items()} == {k: v["frames"] for k, v in three.items()}
+
+    def contents(root):
+        return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+    first, second = contents(tmp_path / "one"), contents(tmp_path / "three")
+    assert len(first) >= 10 and first == second
