@@ -8,7 +8,12 @@ episodes (layouts from `evaluate_policy.seed`, paired episode by episode):
 - ``recap``: advantage-conditioned (paper mode, label dropout 0.3), beta 1 and 2;
 - ``oracle``: the same with labels = the episode's outcome (``recap.core.oracle``): no value
   model involved, so if it does not beat BC the conditioning path or the setting is at fault;
-- ``filtered``: behaviour cloning on the positive frames only (``conditioning = "filtered"``).
+- ``filtered``: behaviour cloning on the positive frames only (``conditioning = "filtered"``);
+- ``ft``: the seed's ``bc`` policy fine-tuned with RECAP (``demo/finetune.gin``: the ``recap``
+  arm's prompts and labels, every weight trained, ``--finetune-steps`` steps, the BC run's
+  normalization), beta 1 and 2;
+- ``lora``: the same fine-tune with LoRA adapters (``demo/lora.gin``, through peft), beta 1 and 2.
+  With both, the table adds lora - ft per beta (paired bootstrap, as against BC).
 
 The seed is ``train.seed`` (model init, data order, and through ``policy_data.seed``'s default the
 label dropout and mixture). Per arm and seed the success rate; per comparison with BC the mean
@@ -16,11 +21,16 @@ difference and its 95% interval from a paired two-level bootstrap (seeds, then e
 ``recap.core.bootstrap``); the conditioning-sensitivity probe of each conditioned policy (mean
 action distance positive vs plain / negative prompt, against two noises of one prompt). A PNG of
 the per-seed results and the table go to MLflow (experiment ``bench``). Finished runs are reused
-(each run directory keeps its ``closed_loop.json``), so an interrupted benchmark continues.
+(each run directory keeps its ``closed_loop.json``), so an interrupted benchmark continues; ``ft``
+and ``lora`` reuse the ``bc`` runs of the same ``--work``/``--steps`` (``runs/bc_s{seed}_{steps}``)
+and write ``runs/{arm}_s{seed}_bc{steps}_ft{finetune_steps}``. Each record also carries its run's
+trainable parameter count and training wall time (``bench_train.json`` in the run directory; for a
+run this script did not time, MLflow's start-to-end time of the training run).
 
     python bench/recap_vs_bc.py                         # 3 seeds x 200 episodes, 4,000 steps
     python bench/recap_vs_bc.py --seeds 0 1 2 3 4 --episodes 300
     python bench/recap_vs_bc.py --quick                 # the machinery on a tiny budget
+    python bench/recap_vs_bc.py --arms bc recap ft lora --finetune-steps 1000   # LoRA vs full FT
 
 Cost on 2 CPU cores: ~8 min per policy training at 4,000 steps (2 ranks), so the default
 (4 arms x 3 seeds) is ~1.6 h plus the evaluations; ``--arms bc recap`` halves it.
@@ -46,8 +56,11 @@ ARMS = {
     "recap": (["demo/policy.gin"], []),
     "oracle": (["demo/policy.gin"], ['policy_data.advantages_tag = "oracle"']),
     "filtered": (["demo/policy.gin"], ['policy_data.conditioning = "filtered"']),
+    "ft": (["demo/finetune.gin"], []),  # from the seed's bc run (BASE_POLICY, bound per seed)
+    "lora": (["demo/lora.gin"], []),
 }
-CONDITIONED = ("recap", "oracle")
+CONDITIONED = ("recap", "oracle", "ft", "lora")
+FINETUNED = ("ft", "lora")  # start from the bc run of the same seed, trained first
 TARGET = "RECAP(beta=1) - BC >= 15 points, 95% CI excluding 0, >= 3 seeds x >= 200 episodes"
 DATASETS = ("sft", "rollout")
 
@@ -73,7 +86,10 @@ def gin_args(files: list[str], params: list[str]) -> list[str]:
 def distributed(module: str, ranks: int) -> list[str]:
     if ranks == 1:
         return [sys.executable, "-m", module]
-    return ["deepspeed", "--num_gpus", str(ranks), "--master_port", str(free_port()),
+    # the launcher beside this interpreter (a venv run without its bin/ on PATH), else PATH's
+    launcher = Path(sys.executable).with_name("deepspeed")
+    launcher = str(launcher) if launcher.is_file() else "deepspeed"
+    return [launcher, "--num_gpus", str(ranks), "--master_port", str(free_port()),
             "--module", module]  # fmt: skip
 
 
@@ -112,30 +128,108 @@ def write_oracle(data: Path) -> None:
         sidecars.write_advantages(data / name, "oracle", labels, record, source)
 
 
+def arm_run_dir(arm: str, seed: int, args) -> str:
+    """The run directory (relative to ``--work``) of ``arm`` trained with ``seed``."""
+    if arm in FINETUNED:
+        return f"runs/{arm}_s{seed}_bc{args.steps}_ft{args.finetune_steps}"
+    return f"runs/{arm}_s{seed}_{args.steps}"
+
+
+# Counts the trainable parameters of the model the gin files build (as the trainer's optimizer sees
+# them: requires_grad), in a child process so the bench keeps no model, torch or gin state.
+COUNT = """
+import json, sys
+from recap.cli import parse_gin
+import recap.steps.train  # noqa: F401  (registers train, policy_data, pi05_policy)
+from recap.models.adapters import trainable_count
+from recap.models.pi05 import pi05_policy
+parse_gin(json.loads(sys.argv[1]), json.loads(sys.argv[2]))
+model = pi05_policy()
+total = sum(p.numel() for p in model.parameters())
+print(json.dumps({"trainable_parameters": trainable_count(model), "parameters": total}))
+"""
+
+
+def mlflow_seconds(run_dir: Path) -> float | None:
+    """Start-to-end seconds of the run's MLflow run (sqlite store), None when unknown."""
+    import sqlite3
+
+    try:
+        info = json.loads((run_dir / "mlflow_run.json").read_text())
+        uri = info["tracking_uri"]
+        if not uri.startswith("sqlite:///"):
+            return None
+        db = sqlite3.connect(f"file:{uri.removeprefix('sqlite:///')}?mode=ro", uri=True)
+        try:
+            row = db.execute("SELECT start_time, end_time FROM runs WHERE run_uuid = ?",
+                             (info["run_id"],)).fetchone()  # fmt: skip
+        finally:
+            db.close()
+    except (OSError, ValueError, KeyError, sqlite3.Error):
+        return None
+    return None if row is None or row[1] is None else (row[1] - row[0]) / 1000.0
+
+
+def training_info(work: Path, run_dir: str, files: list[str], params: list[str]) -> dict:
+    """``{run_dir}/bench_train.json``: training wall seconds (timed by this script, else MLflow's)
+    and trainable / total parameters, filled in and written once."""
+    path = work / run_dir / "bench_train.json"
+    info = json.loads(path.read_text()) if path.is_file() else {}
+    if info.get("train_s") is None:
+        info["train_s"], info["train_s_source"] = mlflow_seconds(work / run_dir), "mlflow"
+    if "trainable_parameters" not in info:
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+        done = subprocess.run([sys.executable, "-c", COUNT, json.dumps(files), json.dumps(params)],
+                              capture_output=True, text=True, env=env)  # fmt: skip
+        lines = done.stdout.strip().splitlines()
+        if done.returncode != 0 or not lines:
+            print(f"  warning: could not count the parameters of {run_dir}: "
+                  f"{(done.stderr.strip().splitlines() or ['?'])[-1]}", flush=True)  # fmt: skip
+            return info
+        info.update(json.loads(lines[-1]))
+    path.write_text(json.dumps(info, indent=2) + "\n")
+    return info
+
+
 def train_and_evaluate(work: Path, arm: str, seed: int, args, log: Path) -> dict:
-    """The arm's policy for ``seed`` (reused when its evaluation exists) and its record."""
+    """The arm's policy for ``seed`` (reused when its evaluation exists) and its record (the
+    evaluation's ``closed_loop.json`` plus ``training``: ``training_info``)."""
     files, extra = ARMS[arm]
     files = [*files, "demo/state.gin"] if args.state_targets else files
-    run_dir = f"runs/{arm}_s{seed}_{args.steps}"
+    run_dir = arm_run_dir(arm, seed, args)
+    steps = args.finetune_steps if arm in FINETUNED else args.steps
     params = [*extra, f"train.seed = {seed}", f'train.run_dir = "{run_dir}"',
-              f"train.max_steps = {args.steps}", "deepspeed_config.zero_stage = 1",
-              f"train.save_every = {args.steps}"]  # fmt: skip
+              f"train.max_steps = {steps}", "deepspeed_config.zero_stage = 1",
+              f"train.save_every = {steps}"]  # fmt: skip
+    if arm in FINETUNED:
+        base = arm_run_dir("bc", seed, args)
+        if not (work / base / "model.safetensors").is_file():
+            sys.exit(f"error: {arm} seed {seed} starts from {work / base}, which holds no "
+                     "model.safetensors; train the bc arm first (--arms bc ...)")  # fmt: skip
+        params.append(f'BASE_POLICY = "{base}"')
+    if arm == "lora":
+        params.append(f"LoraOptions.seed = {seed}")  # the adapters' init varies with the seed too
     record_path = work / run_dir / "closed_loop.json"
     if record_path.is_file():
         record = json.loads(record_path.read_text())
         if record["num_episodes"] == args.episodes and "outcomes" in record:
-            return record
+            return {**record, "training": training_info(work, run_dir, files, params)}
     if not (work / run_dir / "model.safetensors").is_file():
         start = time.perf_counter()
         run(distributed("recap.commands.train", args.ranks) + gin_args(files, params), log)
-        print(f"  {arm} seed {seed}: trained in {time.perf_counter() - start:.0f} s", flush=True)
+        seconds = time.perf_counter() - start
+        (work / run_dir / "bench_train.json").write_text(
+            json.dumps({"train_s": seconds, "train_s_source": "bench"}, indent=2) + "\n"
+        )
+        print(f"  {arm} seed {seed}: trained in {seconds:.0f} s", flush=True)
     betas = "[1.0]" if arm not in CONDITIONED else "[" + ", ".join(map(str, args.betas)) + "]"
     evaluation = [*params, f"evaluate_policy.num_episodes = {args.episodes}",
                   f"evaluate_policy.betas = {betas}"]  # fmt: skip
     start = time.perf_counter()
     run([sys.executable, "-m", "recap.commands.evaluate_policy", *gin_args(files, evaluation)], log)
     print(f"  {arm} seed {seed}: evaluated in {time.perf_counter() - start:.0f} s", flush=True)
-    return json.loads(record_path.read_text())
+    return {**json.loads(record_path.read_text()),
+            "training": training_info(work, run_dir, files, params)}  # fmt: skip
 
 
 def outcomes(records: dict, arm: str, beta: float, seeds: list[int]) -> np.ndarray:
@@ -144,7 +238,8 @@ def outcomes(records: dict, arm: str, beta: float, seeds: list[int]) -> np.ndarr
 
 
 def summarize(records: dict, args) -> tuple[list[str], dict]:
-    """The table's lines and the figures (rates, differences with intervals, probes)."""
+    """The table's lines and the figures (rates, differences with intervals, probes; with both
+    ``ft`` and ``lora``, lora - ft per beta; each arm's training cost)."""
     seeds = list(args.seeds)
     bc = outcomes(records, "bc", 1.0, seeds)
     arms = [("bc", 1.0)] + [(a, b) for a in args.arms if a in CONDITIONED for b in args.betas]
@@ -166,13 +261,71 @@ def summarize(records: dict, args) -> tuple[list[str], dict]:
             entry["vs_bc"] = {"mean": diff.mean, "interval": [diff.low, diff.high]}
         lines.append(row)
         figures["arms"][name] = entry
+    if "ft" in args.arms and "lora" in args.arms:
+        figures["lora_vs_ft"] = {}
+        for beta in args.betas:
+            lora, ft = outcomes(records, "lora", beta, seeds), outcomes(records, "ft", beta, seeds)
+            diff = paired_bootstrap(lora, ft)
+            name = f"lora-ft b={beta:g}"
+            per_seed = lora.mean(1) - ft.mean(1)
+            lines.append(f"{name:<14} | " + " | ".join(f"{d:+6.3f}" for d in per_seed)
+                         + f" | {diff.mean:+.3f} | [{diff.low:+.3f}, {diff.high:+.3f}] | "
+                         "(paired: lora - ft)")  # fmt: skip
+            figures["lora_vs_ft"][f"b={beta:g}"] = {
+                "per_seed": per_seed.tolist(), "mean": diff.mean,
+                "interval": [diff.low, diff.high]}  # fmt: skip
     for arm in (a for a in args.arms if a in CONDITIONED):
         probes = [records[(arm, s)].get("sensitivity", {}) for s in seeds]
         keys = sorted({k for p in probes for k in p})
         text = ", ".join(f"{k} {np.mean([p[k] for p in probes]):.4f}" for k in keys)
         lines.append(f"sensitivity {arm} (mean over seeds): {text}")
         figures[f"sensitivity_{arm}"] = {k: float(np.mean([p[k] for p in probes])) for k in keys}
+    figures["training"] = {}
+    for arm in args.arms:
+        infos = [records[(arm, s)].get("training") or {} for s in seeds]
+        counts = {i.get("trainable_parameters") for i in infos} - {None}
+        times = [i["train_s"] for i in infos if i.get("train_s") is not None]
+        count = f"{max(counts):,}" if len(counts) == 1 else "/".join(f"{c:,}" for c in counts)
+        timed = f"{np.mean(times):.0f} s mean over {len(times)} seeds" if times else "not timed"
+        lines.append(f"training {arm}: {count or '?'} trainable parameters, {timed}")
+        figures["training"][arm] = {
+            "trainable_parameters": [i.get("trainable_parameters") for i in infos],
+            "parameters": [i.get("parameters") for i in infos],
+            "train_s": [i.get("train_s") for i in infos]}  # fmt: skip
     return lines, figures
+
+
+def result_line(figures: dict, args, wall_s: float) -> str:
+    """The one ``RESULT:`` line: the validity target's figures (RECAP b=1 vs BC), oracle's and,
+    with both fine-tunes, lora - ft at beta 1."""
+    bc = figures["arms"]["bc b=1"]
+    fields = [f"seeds={len(args.seeds)}", f"episodes={args.episodes}", f"steps={args.steps}",
+              f"bc={bc['mean']:.3f}"]  # fmt: skip
+    met = False
+    if "recap b=1" in figures["arms"]:
+        recap = figures["arms"]["recap b=1"]
+        diff = recap["vs_bc"]
+        met = (diff["mean"] >= 0.15 and diff["interval"][0] > 0 and len(args.seeds) >= 3
+               and args.episodes >= 200)  # fmt: skip
+        fields += [f"recap_b1={recap['mean']:.3f}",
+                   f"recap_over_bc={recap['mean'] / max(bc['mean'], 1e-9):.2f}",
+                   f"recap_b1_minus_bc={diff['mean']:+.3f}",
+                   f"ci=[{diff['interval'][0]:+.3f},{diff['interval'][1]:+.3f}]"]  # fmt: skip
+    if "oracle b=1" in figures["arms"]:
+        oracle = figures["arms"]["oracle b=1"]["vs_bc"]
+        low, high = oracle["interval"]
+        fields += [
+            f"oracle_b1_minus_bc={oracle['mean']:+.3f}",
+            f"oracle_ci=[{low:+.3f},{high:+.3f}]",
+        ]
+    if "b=1" in figures.get("lora_vs_ft", {}):
+        ft, lora = figures["arms"]["ft b=1"], figures["arms"]["lora b=1"]
+        diff = figures["lora_vs_ft"]["b=1"]
+        fields += [f"finetune_steps={args.finetune_steps}", f"ft_b1={ft['mean']:.3f}",
+                   f"lora_b1={lora['mean']:.3f}", f"lora_minus_ft={diff['mean']:+.3f}",
+                   f"lora_ci=[{diff['interval'][0]:+.3f},{diff['interval'][1]:+.3f}]"]  # fmt: skip
+    fields += [f"wall_s={wall_s:.0f}", f'target="{TARGET}"', f"met={'yes' if met else 'no'}"]
+    return "RESULT: " + " ".join(fields)
 
 
 def figure(figures: dict, seeds: list[int], path: Path) -> None:
@@ -216,6 +369,10 @@ def track(figures: dict, lines: list[str], png: Path, args, work: Path) -> None:
         if "vs_bc" in entry:
             metrics[f"{key}/vs_bc"] = entry["vs_bc"]["mean"]
             metrics[f"{key}/vs_bc_low"], metrics[f"{key}/vs_bc_high"] = entry["vs_bc"]["interval"]
+    for beta, entry in figures.get("lora_vs_ft", {}).items():
+        key = f"lora_minus_ft_{beta.replace('=', '')}"
+        metrics[key] = entry["mean"]
+        metrics[f"{key}_low"], metrics[f"{key}_high"] = entry["interval"]
     tracker.log_metrics(metrics, step=args.steps)
     tracker.log_text("\n".join(lines) + "\n", "recap_vs_bc.txt")
     tracker.log_dict(figures, "recap_vs_bc.json")
@@ -229,6 +386,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--episodes", type=int, default=200)
     parser.add_argument("--steps", type=int, default=4000, help="policy training steps")
+    parser.add_argument("--finetune-steps", type=int, default=1000,
+                        help="ft / lora: fine-tuning steps from the bc run")  # fmt: skip
     parser.add_argument("--value_steps", type=int, default=500)
     parser.add_argument("--betas", type=float, nargs="+", default=[1.0, 2.0])
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
@@ -242,8 +401,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.seeds, args.episodes, args.steps, args.value_steps = [0, 1], 8, 20, 20
-    if "bc" not in args.arms:
-        args.arms = ["bc", *args.arms]
+        args.finetune_steps = 10
+    args.arms = [a for a in ARMS if a in args.arms or a == "bc"]  # bc first: ft/lora start from it
     work = Path(args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
     os.chdir(work)  # the demo gin files read demo_data/ and write runs/ relative to here
@@ -260,21 +419,7 @@ def main() -> None:
     figure(figures, args.seeds, png)
     (work / "recap_vs_bc.json").write_text(json.dumps(figures, indent=2) + "\n")
     track(figures, lines, png, args, work)
-    recap, bc = figures["arms"]["recap b=1"], figures["arms"]["bc b=1"]
-    diff = recap["vs_bc"]
-    met = (diff["mean"] >= 0.15 and diff["interval"][0] > 0 and len(args.seeds) >= 3
-           and args.episodes >= 200)  # fmt: skip
-    extra = ""
-    if "oracle b=1" in figures["arms"]:
-        oracle = figures["arms"]["oracle b=1"]["vs_bc"]
-        extra = f"oracle_b1_minus_bc={oracle['mean']:+.3f} oracle_ci=[{oracle['interval'][0]:+.3f},{oracle['interval'][1]:+.3f}] "  # noqa: E501
-    print(f"RESULT: seeds={len(args.seeds)} episodes={args.episodes} steps={args.steps} "
-          f"bc={bc['mean']:.3f} recap_b1={recap['mean']:.3f} "
-          f"recap_over_bc={recap['mean'] / max(bc['mean'], 1e-9):.2f} "
-          f"recap_b1_minus_bc={diff['mean']:+.3f} "
-          f"ci=[{diff['interval'][0]:+.3f},{diff['interval'][1]:+.3f}] {extra}"
-          f"wall_s={time.perf_counter() - start:.0f} "
-          f'target="{TARGET}" met={"yes" if met else "no"}')  # fmt: skip
+    print(result_line(figures, args, time.perf_counter() - start))
 
 
 if __name__ == "__main__":

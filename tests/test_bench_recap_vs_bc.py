@@ -1,0 +1,86 @@
+"""bench/recap_vs_bc.py's table and RESULT line on hand-made records (no training): the LoRA vs
+full fine-tuning rows (issue #26) next to the validity figures, and each arm's training cost."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "recap_vs_bc.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("recap_vs_bc", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# seeds 0 and 1, four paired episodes each, beta 1 only
+OUTCOMES = {
+    "bc": [[0, 0, 1, 0], [0, 1, 0, 0]],  # 0.25
+    "recap": [[1, 0, 1, 0], [1, 1, 0, 0]],  # 0.5
+    "ft": [[1, 0, 1, 0], [0, 1, 1, 0]],  # 0.5
+    "lora": [[1, 1, 1, 0], [1, 1, 1, 1]],  # 0.875: lora - ft = +0.25 (seed 0), +0.5 (seed 1)
+}
+TRAINABLE = {"bc": 295904, "recap": 295904, "ft": 295904, "lora": 126304}
+
+
+def records(arms: list[str]) -> dict:
+    out = {}
+    for arm in arms:
+        for seed in (0, 1):
+            training = {"trainable_parameters": TRAINABLE[arm], "train_s": 10.0 * (seed + 1)}
+            out[(arm, seed)] = {"outcomes": {"beta_1": OUTCOMES[arm][seed]}, "training": training}
+    return out
+
+
+def args(arms: list[str]) -> SimpleNamespace:
+    return SimpleNamespace(seeds=[0, 1], arms=arms, betas=[1.0], episodes=4, steps=20,
+                           finetune_steps=10)  # fmt: skip
+
+
+def test_lora_minus_ft_rows_and_result_fields(bench):
+    arms = ["bc", "recap", "ft", "lora"]
+    lines, figures = bench.summarize(records(arms), args(arms))
+    assert [line.split(" | ")[0].strip() for line in lines[1:6]] == [
+        "bc b=1", "recap b=1", "ft b=1", "lora b=1", "lora-ft b=1"]  # fmt: skip
+    row = lines[5].split(" | ")
+    assert row[1:4] == ["+0.250", "+0.500", "+0.375"]  # per seed, then the mean
+    diff = figures["lora_vs_ft"]["b=1"]
+    assert diff["per_seed"] == [0.25, 0.5] and diff["mean"] == pytest.approx(0.375)
+    assert diff["interval"][0] <= 0.375 <= diff["interval"][1]
+    assert figures["arms"]["ft b=1"]["vs_bc"]["mean"] == pytest.approx(0.25)
+    assert figures["arms"]["lora b=1"]["vs_bc"]["mean"] == pytest.approx(0.625)
+    assert "training ft: 295,904 trainable parameters, 15 s mean over 2 seeds" in lines
+    assert "training lora: 126,304 trainable parameters, 15 s mean over 2 seeds" in lines
+    assert figures["training"]["lora"]["train_s"] == [10.0, 20.0]
+    result = bench.result_line(figures, args(arms), 123.4)
+    low, high = diff["interval"]
+    assert result.startswith("RESULT: seeds=2 episodes=4 steps=20 bc=0.250 recap_b1=0.500 "
+                             "recap_over_bc=2.00 recap_b1_minus_bc=+0.250 ci=[")  # fmt: skip
+    assert (f"finetune_steps=10 ft_b1=0.500 lora_b1=0.875 lora_minus_ft=+0.375 "
+            f"lora_ci=[{low:+.3f},{high:+.3f}] wall_s=123 target=") in result  # fmt: skip
+    assert result.endswith(f'target="{bench.TARGET}" met=no')
+
+
+def test_without_recap_or_one_fine_tune_the_result_line_leaves_their_fields_out(bench):
+    arms = ["bc", "ft", "lora"]
+    _, figures = bench.summarize(records(arms), args(arms))
+    result = bench.result_line(figures, args(arms), 5.0)
+    assert "recap_b1" not in result and "lora_minus_ft=+0.375" in result
+    arms = ["bc", "ft"]
+    lines, figures = bench.summarize(records(arms), args(arms))
+    assert "lora_vs_ft" not in figures and not any(line.startswith("lora-ft") for line in lines)
+    assert "lora_minus_ft" not in bench.result_line(figures, args(arms), 5.0)
+
+
+def test_fine_tunes_start_from_the_bc_run_of_their_seed(bench):
+    a = SimpleNamespace(steps=3000, finetune_steps=1000)
+    assert bench.arm_run_dir("bc", 2, a) == "runs/bc_s2_3000"  # the validity bench's naming
+    assert bench.arm_run_dir("lora", 2, a) == "runs/lora_s2_bc3000_ft1000"
+    assert list(bench.ARMS).index("bc") < list(bench.ARMS).index("ft")
