@@ -65,7 +65,7 @@ def parse_gin(files: Sequence[str], params: Sequence[str]) -> None:
     """Parse gin files and bindings; unknown configurables or parameters, and unknown keys of
     the model size dicts, are a RecapError (one line, with the nearest valid names).
     Bindings of recap's own configurables that this process has not imported (a file or an
-    ``all/`` binding shared by every step) are skipped here; the pipeline imports them all and
+    ``all:`` binding shared by every step) are skipped here; the pipeline imports them all and
     checks every binding before anything runs."""
     import gin
 

@@ -9,7 +9,7 @@ the REQUIRED parameters left unbound, directly or through a macro that is itself
 ``%gin.REQUIRED``. ``check_required`` turns the first into one line.
 
 ``KNOWN_CONFIGURABLES``: every configurable recap registers. A step process imports only what it
-calls, so bindings of recap's other configurables (a file shared by all steps, ``all/``
+calls, so bindings of recap's other configurables (a file shared by all steps, ``all:``
 bindings) are skipped there by name; any other unknown name is still an error, and the pipeline,
 which imports everything, checks every binding before anything runs.
 

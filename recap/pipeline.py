@@ -9,19 +9,23 @@ A pipeline gin file names each step's own gin files and extra bindings::
     pipeline.bindings = {"value": ["train.max_steps = 300"]}   # also "all", "evaluate"
     pipeline.ranks = 2
 
-Command-line bindings ``STEP/binding`` (``value/deepspeed_config.lr = 3e-4``; STEP is a step
-name, ``evaluate`` or ``all``) go to that step, the prefix taken off once (``value/value/x.y``:
-gin scope ``value`` in the value step); other bindings configure the pipeline itself
-(``pipeline.*``, a macro its files read, ``include``): any other is a one-line error.
+Command-line bindings ``STEP:binding`` (``value:deepspeed_config.lr = 3e-4``; STEP is a step
+name, ``evaluate`` or ``all``) go to that step; a colon is never part of a gin binding, so a gin
+scope named like a step is plain ``value:value/x.y`` (gin scope ``value`` in the value step). The
+older ``STEP/binding`` still works as it did (prefix taken off once) with a deprecation warning.
+Other bindings configure the pipeline itself (``pipeline.*``, a macro its files read,
+``include``): any other is a one-line error.
 
 Stages, in order (``needs`` in brackets): returns; value [returns]; advantages [value];
 policy [advantages]; baseline (behaviour cloning, no advantage text) []; evaluate_policy
-[policy]; evaluate_baseline [baseline]. Steps 2-4 run under ``deepspeed --num_gpus {ranks}``
-(or one plain process with ``pipeline.launcher = "python"``); Step 1 and the closed-loop
-evaluations (demo task only, ``pipeline.evaluate``) are single processes. Several nodes:
-``pipeline.hostfile`` / ``num_nodes`` / ``master_addr`` / ``multinode_launcher`` add
-``--hostfile`` / ``--num_nodes`` / ``--master_addr`` / ``--launcher`` to every ``deepspeed``
-command (``ranks`` is then per node).
+[policy]; evaluate_baseline [baseline]. Each is a ``Stage`` object in ``STAGES`` that owns
+its wiring: the bindings pointing it at what it needs, the paths it owns, its output files, and
+how its result reads (summary figures, MLflow metrics, summary-table cell, headline). Steps 2-4
+run under ``deepspeed --num_gpus {ranks}`` (or one plain process with ``pipeline.launcher =
+"python"``); Step 1 and the closed-loop evaluations (demo task only, ``pipeline.evaluate``) are
+single processes. Several nodes: ``pipeline.hostfile`` / ``num_nodes`` / ``master_addr`` /
+``multinode_launcher`` add ``--hostfile`` / ``--num_nodes`` / ``--master_addr`` / ``--launcher``
+to every ``deepspeed`` command (``ranks`` is then per node).
 
 Content-addressed outputs: a stage's fingerprint hashes its full gin configuration (gin's
 ``config_str()`` of its files plus the extra ones, complete; ``Tracker`` bindings left out) and
@@ -51,6 +55,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import gin
 import numpy as np
@@ -60,37 +65,276 @@ from recap.cli import parse_gin
 from recap.config_check import bound, check_required, macros_read
 from recap.errors import RecapError
 
-STEP_KEYS = ("returns", "value", "advantages", "policy", "baseline")
-SCOPES = (*STEP_KEYS, "evaluate", "all")
 MARKERS = ".pipeline"
 MULTINODE_LAUNCHERS = ("pdsh", "openmpi", "mvapich", "slurm", "impi")  # deepspeed --launcher
-_SCOPED = re.compile(r"^\s*(" + "|".join(SCOPES) + r")/(.+)$", re.DOTALL)
+_TRAIN, _EVALUATE = "recap.commands.train", "recap.commands.evaluate_policy"
+
+
+# ---- stages ------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Stage:
+    """One pipeline stage and all of its wiring. A new stage is a subclass (or an instance of
+    one) added to ``STAGES``: the planner, the runner and the summary only call these hooks.
+
+    The class says what runs (``module``: ``python -m`` / ``deepspeed --module``; ``entry``: the
+    configurable it calls, its ``gin.REQUIRED`` values checked at plan time; ``distributed``:
+    under ``deepspeed``, tracking itself in MLflow; ``evaluation``: a closed-loop evaluation,
+    run only with ``pipeline.evaluate``)."""
+
     name: str
-    module: str  # the command module it launches (``python -m`` / ``deepspeed --module``)
-    entry: str  # the configurable that command calls (its gin.REQUIRED values checked at plan)
     step: str  # key of ``pipeline.steps``: whose gin files it parses
-    distributed: bool
-    needs: tuple[str, ...]
-    evaluation: bool = False
+    needs: tuple[str, ...] = ()
+    headline_rank: int = 0  # order of its headline figures (stable: equal ranks in stage order)
+    module: ClassVar[str]
+    entry: ClassVar[str]
+    distributed: ClassVar[bool] = False
+    evaluation: ClassVar[bool] = False
+
+    @property
+    def scopes(self) -> tuple[str, ...]:
+        """Keys of ``pipeline.bindings`` / ``STEP:`` bindings it runs with, in this order."""
+        return ("all", self.step, *(("evaluate",) if self.evaluation else ()))
+
+    def inputs(self, planned: dict[str, Planned]) -> list[str]:
+        """Bindings pointing it at the outputs of the stages it needs (fingerprinted)."""
+        return []
+
+    def owned(
+        self, fingerprint: str, planned: dict[str, Planned], root: Path
+    ) -> tuple[Path | None, list[str]]:
+        """Its run directory and the bindings that put its outputs there (not fingerprinted)."""
+        raise NotImplementedError
+
+    def check(self) -> None:
+        """Plan-time checks beyond gin's (its final bindings are parsed)."""
+
+    def outputs(self, run_dir: Path | None) -> list[Path]:
+        """The files its marker stamps (its final bindings are parsed)."""
+        return []
+
+    def result(self, item: Planned) -> dict:
+        """Its summary figures, read from its outputs once it finished."""
+        raise NotImplementedError
+
+    def metrics(self, result: dict) -> dict[str, float]:
+        """Its flat figures among the pipeline run's MLflow metrics."""
+        return {}
+
+    def describe(self, result: dict) -> str:
+        """Its ``result`` cell of the summary table."""
+        raise NotImplementedError
+
+    def headline(self, metrics: dict[str, float]) -> list[tuple[str, str]]:
+        """Its (label, value) pairs in the summary's first line, from ``summary_metrics``."""
+        return []
 
 
-_TRAIN, _EVALUATE = "recap.commands.train", "recap.commands.evaluate_policy"
-STAGES = (
-    Stage("returns", "recap.commands.compute_returns", "compute_returns", "returns", False, ()),
-    Stage("value", _TRAIN, "train", "value", True, ("returns",)),
-    Stage("advantages", "recap.commands.compute_advantages", "compute_advantages", "advantages",
-          True, ("value",)),
-    Stage("policy", _TRAIN, "train", "policy", True, ("advantages",)),
-    Stage("baseline", _TRAIN, "train", "baseline", True, ()),
-    Stage("evaluate_policy", _EVALUATE, "evaluate_policy", "policy", False, ("policy",), True),
-    Stage("evaluate_baseline", _EVALUATE, "evaluate_policy", "baseline", False, ("baseline",),
-          True),
-)  # fmt: skip
+@dataclass(frozen=True)
+class ReturnsStage(Stage):
+    """Step 1: return sidecars beside the data (the tag of its own gin files; no run dir)."""
+
+    module: ClassVar[str] = "recap.commands.compute_returns"
+    entry: ClassVar[str] = "compute_returns"
+
+    def owned(self, fingerprint, planned, root):
+        return None, []
+
+    def outputs(self, run_dir):
+        return _sidecars("returns", "compute_returns")
+
+    def result(self, item):
+        return {"frames": sum(pq.ParquetFile(p).metadata.num_rows for p in item.outputs)}
+
+    def describe(self, result):
+        return f"{result['frames']} frames"
+
+
+@dataclass(frozen=True)
+class TrainStage(Stage):
+    """A training step: ``{run_root}/{name}/{fingerprint[:12]}``, ``model.safetensors``."""
+
+    module: ClassVar[str] = _TRAIN
+    entry: ClassVar[str] = "train"
+    distributed: ClassVar[bool] = True
+
+    def owned(self, fingerprint, planned, root):
+        run_dir = root / self.name / fingerprint[:12]
+        return run_dir, [f'train.run_dir = "{run_dir}"']
+
+    def check(self):  # NVMe parameter offload: can this machine swap at all?
+        from recap.engine.deepspeed_config import check_nvme_offload
+
+        try:
+            check_nvme_offload(bound("deepspeed_config.offload_param", "none"))
+        except RecapError as exc:
+            raise RecapError(f"pipeline step {self.name}: {exc}") from exc
+
+    def outputs(self, run_dir):
+        return [run_dir / "model.safetensors"]
+
+    def result(self, item):
+        metrics, untrained = _run_metrics(item.run_dir)
+        keys = ("train/loss", "eval/loss", "eval/value_spearman", "eval/value_mae")
+        out = {k: metrics[k] for k in keys if k in metrics}
+        if "eval/value_spearman" in untrained:  # the same eval before the first step
+            out["eval/value_spearman_untrained"] = untrained["eval/value_spearman"]
+        return out
+
+    def describe(self, result):
+        parts = []
+        if "eval/value_spearman" in result:
+            parts.append(f"eval Spearman {result['eval/value_spearman']:.3f}")
+        if "eval/value_spearman_untrained" in result:
+            parts.append(f"untrained {result['eval/value_spearman_untrained']:.3f}")
+        if "train/loss" in result:
+            parts.append(f"train loss {result['train/loss']:.4g}")
+        if "eval/loss" in result:
+            parts.append(f"eval loss {result['eval/loss']:.4g}")
+        return ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class ValueStage(TrainStage):
+    """Step 2, the value model: its eval Spearman (trained, and before the first step)."""
+
+    def metrics(self, result):
+        keys = {"eval/value_spearman": "", "eval/value_spearman_untrained": "_untrained"}
+        return {f"{self.name}_eval_spearman{s}": float(result[k]) for k, s in keys.items()
+                if k in result}  # fmt: skip
+
+    def headline(self, metrics):
+        key = f"{self.name}_eval_spearman"
+        if key not in metrics:
+            return []
+        spearman = f"{metrics[key]:.3f}"
+        if f"{key}_untrained" in metrics:
+            spearman += f" (untrained {metrics[f'{key}_untrained']:.3f})"
+        return [(f"{self.name} eval Spearman", spearman)]
+
+
+@dataclass(frozen=True)
+class AdvantagesStage(Stage):
+    """Step 3: advantage labels of the value model it needs, tagged ``adv_{fingerprint[:12]}``
+    (sidecars beside the data); ``positive_fraction`` is a metric and a headline figure."""
+
+    module: ClassVar[str] = "recap.commands.compute_advantages"
+    entry: ClassVar[str] = "compute_advantages"
+    distributed: ClassVar[bool] = True
+
+    @staticmethod
+    def tag(fingerprint: str) -> str:
+        return f"adv_{fingerprint[:12]}"
+
+    def inputs(self, planned):
+        return [f'compute_advantages.model_path = "{planned[self.needs[0]].run_dir}"']
+
+    def owned(self, fingerprint, planned, root):
+        run_dir = root / self.name / fingerprint[:12]
+        return run_dir, [
+            f'compute_advantages.tag = "{self.tag(fingerprint)}"',
+            f'compute_advantages.output_dir = "{run_dir}"',
+        ]
+
+    def outputs(self, run_dir):
+        return _sidecars("advantages", "compute_advantages")
+
+    def result(self, item):
+        labels = [pq.read_table(p, columns=["advantage"]).column(0) for p in item.outputs]
+        total = sum(len(c) for c in labels)
+        positive = sum(int(np.count_nonzero(c.to_numpy())) for c in labels)
+        return {"frames": total, "positive_fraction": positive / max(total, 1)}
+
+    def metrics(self, result):
+        return {"positive_fraction": float(result["positive_fraction"])}
+
+    def describe(self, result):
+        return f"positive fraction {result['positive_fraction']:.3f} of {result['frames']} frames"
+
+    def headline(self, metrics):
+        if "positive_fraction" not in metrics:
+            return []
+        return [("positive fraction", f"{metrics['positive_fraction']:.3f}")]
+
+
+@dataclass(frozen=True)
+class PolicyStage(TrainStage):
+    """Step 4, a policy: reads the labels of the advantages stages it needs (none: behaviour
+    cloning); its train loss is a metric, and a headline figure with ``headline_loss``."""
+
+    headline_loss: bool = True
+
+    def inputs(self, planned):
+        return [f'policy_data.advantages_tag = "{AdvantagesStage.tag(planned[n].fingerprint)}"'
+                for n in self.needs if isinstance(planned[n].stage, AdvantagesStage)]  # fmt: skip
+
+    def metrics(self, result):
+        if "train/loss" not in result:
+            return {}
+        return {f"{self.name}_train_loss": float(result["train/loss"])}
+
+    def headline(self, metrics):
+        key = f"{self.name}_train_loss"
+        if not self.headline_loss or key not in metrics:
+            return []
+        return [(f"{self.name} loss", f"{metrics[key]:.4g}")]
+
+
+@dataclass(frozen=True)
+class EvaluateStage(Stage):
+    """Closed-loop evaluation of the trained stage it needs (``needs[0]``), on the synthetic
+    demo task: its step's files and inputs, its run directory; success rate per beta."""
+
+    module: ClassVar[str] = _EVALUATE
+    entry: ClassVar[str] = "evaluate_policy"
+    evaluation: ClassVar[bool] = True
+
+    @property
+    def trained(self) -> str:
+        return self.needs[0]
+
+    def inputs(self, planned):
+        return planned[self.trained].stage.inputs(planned)
+
+    def owned(self, fingerprint, planned, root):
+        trained = planned[self.trained].run_dir
+        return trained, [f'evaluate_policy.run_dir = "{trained}"', f'train.run_dir = "{trained}"']
+
+    def result(self, item):
+        record = json.loads((item.run_dir / "closed_loop.json").read_text())
+        return {"success": record["success"], "num_episodes": record["num_episodes"]}
+
+    def metrics(self, result):
+        return {f"success/{self.trained}/{beta}": float(rate)
+                for beta, rate in result["success"].items()}  # fmt: skip
+
+    def describe(self, result):
+        rates = ", ".join(f"beta {k[5:]}: {v:.2f}" for k, v in result["success"].items())
+        return f"success {rates} ({result['num_episodes']} episodes)"
+
+    def headline(self, metrics):
+        key = f"success/{self.trained}/beta_1"
+        if key not in metrics:
+            return []
+        return [(f"{self.trained} success (beta 1)", f"{metrics[key]:.2f}")]
+
+
+STAGES: tuple[Stage, ...] = (
+    ReturnsStage("returns", "returns"),
+    ValueStage("value", "value", ("returns",)),
+    AdvantagesStage("advantages", "advantages", ("value",)),
+    PolicyStage("policy", "policy", ("advantages",)),
+    PolicyStage("baseline", "baseline", (), headline_loss=False),
+    # the headline reads the baseline's success before the policy's
+    EvaluateStage("evaluate_policy", "policy", ("policy",), headline_rank=1),
+    EvaluateStage("evaluate_baseline", "baseline", ("baseline",)),
+)
 BY_NAME = {s.name: s for s in STAGES}
+STEP_KEYS = tuple(dict.fromkeys(s.step for s in STAGES))  # the keys of pipeline.steps
+SCOPES = (*STEP_KEYS, "evaluate", "all")  # STEP of a STEP:binding, keys of pipeline.bindings
+_SCOPED = re.compile(r"^\s*(" + "|".join(SCOPES) + r")\s*:(.+)$", re.DOTALL)
+_OLD_SCOPED = re.compile(r"^\s*(" + "|".join(SCOPES) + r")/(.+)$", re.DOTALL)  # deprecated
 
 
 @dataclass
@@ -209,12 +453,27 @@ def _check_multinode(
         )
 
 
-def split_params(params: Sequence[str]) -> tuple[list[str], dict[str, list[str]]]:
-    """Command-line bindings -> (pipeline bindings, {scope: step bindings}). A binding that
-    configures neither (``valeu/train.max_steps``, ``train.max_steps``) is a one-line error."""
+def split_params(
+    params: Sequence[str], *, warned: set[str] | None = None
+) -> tuple[list[str], dict[str, list[str]]]:
+    """Command-line bindings -> (pipeline bindings, {scope: step bindings}). ``STEP:binding``
+    goes to STEP; the older ``STEP/binding`` too (prefix taken off once), with a one-line
+    deprecation warning on stderr (once per binding in ``warned``, when given). A binding that
+    configures neither (``valeu:train.max_steps``, ``train.max_steps``) is a one-line error."""
+    warned = set() if warned is None else warned
     own, scoped = [], {}
     for param in params:
         match = _SCOPED.match(param)
+        if not match:
+            match = _OLD_SCOPED.match(param)
+            if match and param not in warned:
+                warned.add(param)
+                new = f"{match.group(1)}:{match.group(2).strip()}"
+                print(
+                    f"warning: --gin_param {param.strip()!r}: STEP/binding is deprecated (it "
+                    f"hides gin scopes named like a step); write {new!r}",
+                    file=sys.stderr,
+                )
         if match:
             scoped.setdefault(match.group(1), []).append(match.group(2).strip())
         else:
@@ -234,15 +493,16 @@ def _check_own(param: str) -> None:
         return
     scope, _, name = lhs.rpartition("/")
     steps = ", ".join(SCOPES)
-    if scope:
-        step, _, rest = lhs.partition("/")
+    if ":" in lhs or scope:  # STEP:binding (a colon is no part of a gin binding) or STEP/binding
+        step, _, rest = lhs.partition(":" if ":" in lhs else "/")
+        step, rest = step.strip(), rest.strip()
         close = difflib.get_close_matches(step, SCOPES, n=1, cutoff=0.6)
-        fix = (f"did you mean {close[0]}/{rest}? (STEP one of {steps})" if close
-               else f"bind STEP/{rest} with STEP one of {steps}")  # fmt: skip
+        fix = (f"did you mean {close[0]}:{rest}? (STEP one of {steps})" if close
+               else f"bind STEP:{rest} with STEP one of {steps}")  # fmt: skip
         raise RecapError(f"--gin_param {param.strip()!r}: {step!r} is not a pipeline step; {fix}")
     if "." in name and name.split(".")[0] != "pipeline":
         raise RecapError(f"--gin_param {param.strip()!r}: configures no step (the pipeline's "
-                         f"own bindings are pipeline.*); bind STEP/{name} with STEP one of "
+                         f"own bindings are pipeline.*); bind STEP:{name} with STEP one of "
                          f"{steps}")  # fmt: skip
 
 
@@ -323,76 +583,28 @@ def plan(config: PipelineConfig, scoped: dict[str, list[str]]) -> dict[str, Plan
 
 def _plan(config: PipelineConfig, scoped: dict[str, list[str]]) -> dict[str, Planned]:
     planned: dict[str, Planned] = {}
-    root = config.run_root
     for name in config.stages:
         stage = BY_NAME[name]
         files = config.steps[stage.step]
-        extra = [*config.bindings.get("all", []), *scoped.get("all", [])]
-        extra += [*config.bindings.get(stage.step, []), *scoped.get(stage.step, [])]
-        if stage.evaluation:
-            extra += [*config.bindings.get("evaluate", []), *scoped.get("evaluate", [])]
-        inputs = _input_bindings(stage, planned)
+        extra = [b for k in stage.scopes for b in (*config.bindings.get(k, []), *scoped.get(k, []))]
+        inputs = stage.inputs(planned)
         _parse_step(files, [*extra, *inputs], name)
         digest = hashlib.sha256()
         digest.update(json.dumps([name, config_text(name)]).encode())
         for need in stage.needs:
             digest.update(planned[need].fingerprint.encode())
         fingerprint = digest.hexdigest()
-        run_dir, owned = _owned(stage, fingerprint, planned, root)
+        run_dir, owned = stage.owned(fingerprint, planned, config.run_root)
         params = [*extra, *inputs, *owned]
         if stage.distributed:  # the steps that track themselves in MLflow
             params.append(f'Tracker.run_name = "{config.name}/{name}"')
             if config.sweep_name:
                 params.append(f'Tracker.sweep_name = "{config.sweep_name}"')
         _parse_step(files, params, name)  # the final bindings parse too; queries below use them
-        check_required(stage.entry, f"pipeline step {name}: ", f"{stage.step}/")
-        if stage.module == _TRAIN:  # NVMe parameter offload: can this machine swap at all?
-            from recap.engine.deepspeed_config import check_nvme_offload
-
-            try:
-                check_nvme_offload(bound("deepspeed_config.offload_param", "none"))
-            except RecapError as exc:
-                raise RecapError(f"pipeline step {name}: {exc}") from exc
-        item = Planned(stage, fingerprint, files, params, run_dir)
-        if name == "returns":
-            item.outputs = _sidecars("returns", "compute_returns")
-        elif name == "advantages":
-            item.outputs = _sidecars("advantages", "compute_advantages")
-        elif not stage.evaluation:
-            item.outputs = [run_dir / "model.safetensors"]
-        planned[name] = item
+        check_required(stage.entry, f"pipeline step {name}: ", f"{stage.step}:")
+        stage.check()
+        planned[name] = Planned(stage, fingerprint, files, params, run_dir, stage.outputs(run_dir))
     return planned
-
-
-def _input_bindings(stage: Stage, planned: dict[str, Planned]) -> list[str]:
-    """Bindings pointing a stage at the outputs of the stages it needs."""
-    if stage.name == "advantages":
-        return [f'compute_advantages.model_path = "{planned["value"].run_dir}"']
-    if stage.name in ("policy", "evaluate_policy"):
-        return [f'policy_data.advantages_tag = "{_tag(planned["advantages"].fingerprint)}"']
-    return []
-
-
-def _tag(fingerprint: str) -> str:
-    return f"adv_{fingerprint[:12]}"
-
-
-def _owned(
-    stage: Stage, fingerprint: str, planned: dict[str, Planned], root: Path
-) -> tuple[Path | None, list[str]]:
-    """The stage's run directory and the bindings that put its outputs there."""
-    if stage.evaluation:
-        trained = planned[stage.needs[0]].run_dir
-        return trained, [f'evaluate_policy.run_dir = "{trained}"', f'train.run_dir = "{trained}"']
-    if stage.name == "returns":
-        return None, []
-    run_dir = root / stage.name / fingerprint[:12]
-    if stage.name == "advantages":
-        return run_dir, [
-            f'compute_advantages.tag = "{_tag(fingerprint)}"',
-            f'compute_advantages.output_dir = "{run_dir}"',
-        ]
-    return run_dir, [f'train.run_dir = "{run_dir}"']
 
 
 # ---- running ----------------------------------------------------------------------------------
@@ -476,23 +688,7 @@ def _run_metrics(run_dir: Path) -> tuple[dict[str, float], dict[str, float]]:
 
 def result_of(item: Planned) -> dict:
     """The summary figures of a finished stage, read from its outputs."""
-    name = item.stage.name
-    if name == "returns":
-        return {"frames": sum(pq.ParquetFile(p).metadata.num_rows for p in item.outputs)}
-    if name == "advantages":
-        labels = [pq.read_table(p, columns=["advantage"]).column(0) for p in item.outputs]
-        total = sum(len(c) for c in labels)
-        positive = sum(int(np.count_nonzero(c.to_numpy())) for c in labels)
-        return {"frames": total, "positive_fraction": positive / max(total, 1)}
-    if item.stage.evaluation:
-        record = json.loads((item.run_dir / "closed_loop.json").read_text())
-        return {"success": record["success"], "num_episodes": record["num_episodes"]}
-    metrics, untrained = _run_metrics(item.run_dir)
-    keys = ("train/loss", "eval/loss", "eval/value_spearman", "eval/value_mae")
-    out = {k: metrics[k] for k in keys if k in metrics}
-    if "eval/value_spearman" in untrained:  # the same eval before the first step
-        out["eval/value_spearman_untrained"] = untrained["eval/value_spearman"]
-    return out
+    return item.stage.result(item)
 
 
 def decide(
@@ -579,39 +775,8 @@ def summary_metrics(report: dict[str, dict]) -> dict[str, float]:
     out: dict[str, float] = {}
     for name, entry in report.items():
         out[f"wall_s/{name}"] = float(entry["wall_s"])
-        result = entry.get("result", {})
-        if name == "value" and "eval/value_spearman" in result:
-            out["value_eval_spearman"] = float(result["eval/value_spearman"])
-        if name == "value" and "eval/value_spearman_untrained" in result:
-            out["value_eval_spearman_untrained"] = float(result["eval/value_spearman_untrained"])
-        if name == "advantages":
-            out["positive_fraction"] = float(result["positive_fraction"])
-        if name in ("policy", "baseline") and "train/loss" in result:
-            out[f"{name}_train_loss"] = float(result["train/loss"])
-        if name.startswith("evaluate_"):
-            for beta, rate in result["success"].items():
-                out[f"success/{name[len('evaluate_') :]}/{beta}"] = float(rate)
+        out.update(BY_NAME[name].metrics(entry.get("result", {})))
     return out
-
-
-def _describe(name: str, result: dict) -> str:
-    if name == "returns":
-        return f"{result['frames']} frames"
-    if name == "advantages":
-        return f"positive fraction {result['positive_fraction']:.3f} of {result['frames']} frames"
-    if name.startswith("evaluate_"):
-        rates = ", ".join(f"beta {k[5:]}: {v:.2f}" for k, v in result["success"].items())
-        return f"success {rates} ({result['num_episodes']} episodes)"
-    parts = []
-    if "eval/value_spearman" in result:
-        parts.append(f"eval Spearman {result['eval/value_spearman']:.3f}")
-    if "eval/value_spearman_untrained" in result:
-        parts.append(f"untrained {result['eval/value_spearman_untrained']:.3f}")
-    if "train/loss" in result:
-        parts.append(f"train loss {result['train/loss']:.4g}")
-    if "eval/loss" in result:
-        parts.append(f"eval loss {result['eval/loss']:.4g}")
-    return ", ".join(parts)
 
 
 ONE_SEED = (
@@ -627,7 +792,7 @@ def summary_table(config: PipelineConfig, report: dict[str, dict], uri: str) -> 
     for name, entry in report.items():
         wall = f"{entry['wall_s']:.0f} s"
         where = entry.get("run_dir") or ""
-        rows.append((name, entry["status"], wall, _describe(name, entry["result"]), where))
+        rows.append((name, entry["status"], wall, BY_NAME[name].describe(entry["result"]), where))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     lines = [f"pipeline {config.name!r}: " + ", ".join(f"{k} {v}" for k, v in _headline(report))]
     for row in rows:
@@ -642,20 +807,8 @@ def summary_table(config: PipelineConfig, report: dict[str, dict], uri: str) -> 
 
 def _headline(report: dict[str, dict]) -> list[tuple[str, str]]:
     metrics = summary_metrics(report)
-    out = []
-    if "value_eval_spearman" in metrics:
-        spearman = f"{metrics['value_eval_spearman']:.3f}"
-        if "value_eval_spearman_untrained" in metrics:
-            spearman += f" (untrained {metrics['value_eval_spearman_untrained']:.3f})"
-        out.append(("value eval Spearman", spearman))
-    if "positive_fraction" in metrics:
-        out.append(("positive fraction", f"{metrics['positive_fraction']:.3f}"))
-    if "policy_train_loss" in metrics:
-        out.append(("policy loss", f"{metrics['policy_train_loss']:.4g}"))
-    for key in ("success/baseline/beta_1", "success/policy/beta_1"):
-        if key in metrics:
-            out.append((f"{key.split('/')[1]} success (beta 1)", f"{metrics[key]:.2f}"))
-    return out
+    stages = sorted((BY_NAME[name] for name in report), key=lambda s: s.headline_rank)
+    return [pair for stage in stages for pair in stage.headline(metrics)]
 
 
 def track(config: PipelineConfig, scoped: dict[str, list[str]], report: dict[str, dict]) -> str:
@@ -699,7 +852,7 @@ def load_pipeline(files: Sequence[str], params: Sequence[str], **overrides) -> P
             if re.fullmatch(r"\w+", macro) and macro not in read:
                 raise RecapError(
                     f"--gin_param {param.strip()!r}: the pipeline's own config reads no macro "
-                    f"{macro}; bind STEP/{macro} (all/{macro}: every step)"
+                    f"{macro}; bind STEP:{macro} (all:{macro} for every step)"
                 )
         return pipeline_config(**overrides)
     finally:
@@ -727,10 +880,10 @@ def run_sweep(path: str, extra: Sequence[str], force: Sequence[str], dry: bool) 
 
     spec = load_sweep(path, SWEEP_KEYS)
     grid = spec.get("grid") or {}
-    runs = []
+    runs, warned = [], set()
     for i, point in enumerate(points(grid) or [{}]):
         params = [*spec.get("gin_params", []), *extra, *(binding(k, v) for k, v in point.items())]
-        own, scoped = split_params(params)
+        own, scoped = split_params(params, warned=warned)  # a deprecation warning once
         name = f"{spec['name']}-{i:03d}"
         config = load_pipeline(spec["gin_files"], own, name=name, sweep_name=spec["name"])
         # every point is planned (so gin-checked) before anything runs

@@ -146,13 +146,13 @@ class StandIns:
                    pi05_base=models / "pi05_base", pi05_checkpoint=step)  # fmt: skip
 
     def bindings(self) -> list[str]:
-        """The path bindings of the LIBERO pipeline (``all/`` applies them to every step)."""
+        """The path bindings of the LIBERO pipeline (``all:`` applies them to every step)."""
         return [
-            f'all/DATA = "{self.data}"',
-            f'all/SIGLIP = "{self.siglip}"',
-            f'all/GEMMA = "{self.gemma3}"',
-            f'all/TOKENIZER = "{self.tokenizer}"',
-            f'all/PI05_BASE = "{self.pi05_base}"',
+            f'all:DATA = "{self.data}"',
+            f'all:SIGLIP = "{self.siglip}"',
+            f'all:GEMMA = "{self.gemma3}"',
+            f'all:TOKENIZER = "{self.tokenizer}"',
+            f'all:PI05_BASE = "{self.pi05_base}"',
         ]
 
 
@@ -433,7 +433,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc.message}", file=sys.stderr)
         return 2
     print(f"# stand-ins written to {standins.root}; pass each line as a --gin_param, plus")
-    print("# 'all/include \"rehearsal/tiny.gin\"' for their tiny sizes")
+    print("# 'all:include \"rehearsal/tiny.gin\"' for their tiny sizes")
     print("\n".join(standins.bindings()))
     return 0
 

@@ -64,10 +64,10 @@ def test_missing_step4_data_binding_is_named():
     parsed(["engine.gin"], ["train.model_fn = @pi05_policy", 'train.run_dir = "r"',
                             "train.max_steps = 1"])  # fmt: skip
     with pytest.raises(RecapError) as err:
-        check_required("train", "pipeline step policy: ", "policy/")
+        check_required("train", "pipeline step policy: ", "policy:")
     assert str(err.value) == (
         "pipeline step policy: train.data_fn is required (not bound); bind it, e.g. "
-        "--gin_param 'policy/train.data_fn = ...'"
+        "--gin_param 'policy:train.data_fn = ...'"
     )
 
 

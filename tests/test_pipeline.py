@@ -32,13 +32,13 @@ def tiny_params(root: Path) -> list[str]:
     data = root / "data"
     return [
         f'pipeline.run_root = "{root / "runs"}"',
-        f'all/DEMO_DATA = "{data}"',
-        f'all/DEMO_TOKENIZER = "{data / "tokenizer"}"',
-        "value/train.max_steps = 2",
-        "policy/train.max_steps = 2",
-        "baseline/train.max_steps = 2",
-        "evaluate/evaluate_policy.num_episodes = 4",
-        "evaluate/evaluate_policy.batch_size = 4",
+        f'all:DEMO_DATA = "{data}"',
+        f'all:DEMO_TOKENIZER = "{data / "tokenizer"}"',
+        "value:train.max_steps = 2",
+        "policy:train.max_steps = 2",
+        "baseline:train.max_steps = 2",
+        "evaluate:evaluate_policy.num_episodes = 4",
+        "evaluate:evaluate_policy.batch_size = 4",
     ]
 
 
@@ -128,7 +128,7 @@ def test_rerun_skips_finished_steps_and_a_changed_binding_reruns_its_dependents(
     assert statuses(again.stdout) == {s: "skipped" for s in STAGES}
     assert time.perf_counter() - start < tiny["wall"] / 3
     (old_policy,) = (root / "runs" / "policy").iterdir()
-    changed = pipeline(root, "policy/deepspeed_config.lr = 5e-4")
+    changed = pipeline(root, "policy:deepspeed_config.lr = 5e-4")
     ran = {s for s, status in statuses(changed.stdout).items() if status == "ran"}
     assert ran == {"policy", "evaluate_policy"}
     policies = sorted(p.name for p in (root / "runs" / "policy").iterdir())
@@ -147,10 +147,10 @@ def fingerprints(tmp_path: Path, *extra: str) -> dict[str, str]:
 def test_a_value_binding_changes_value_and_everything_after_it_only(tmp_path):
     base = fingerprints(tmp_path)
     assert fingerprints(tmp_path) == base  # deterministic
-    changed = fingerprints(tmp_path, "value/deepspeed_config.lr = 3e-4")
+    changed = fingerprints(tmp_path, "value:deepspeed_config.lr = 3e-4")
     differ = {k for k in base if base[k] != changed[k]}
     assert differ == {"value", "advantages", "policy", "evaluate_policy"}
-    quantile = fingerprints(tmp_path, "advantages/compute_advantages.positive_quantile = 0.5")
+    quantile = fingerprints(tmp_path, "advantages:compute_advantages.positive_quantile = 0.5")
     assert {k for k in base if base[k] != quantile[k]} == {
         "advantages",
         "policy",
@@ -159,9 +159,9 @@ def test_a_value_binding_changes_value_and_everything_after_it_only(tmp_path):
 
 
 def test_a_gin_scope_named_like_a_step_is_reached_under_its_step_prefix(tmp_path):
-    """``STEP/`` is taken off once: ``value/value/train.max_steps`` is the value step's binding
-    ``value/train.max_steps`` (gin scope ``value``), not the step's unscoped one."""
-    own, scoped = split_params([*tiny_params(tmp_path), "value/value/train.max_steps = 7"])
+    """``value:value/train.max_steps`` is the value step's binding ``value/train.max_steps``
+    (gin scope ``value``), not the step's unscoped one."""
+    own, scoped = split_params([*tiny_params(tmp_path), "value:value/train.max_steps = 7"])
     planned = plan(load_pipeline(["demo/pipeline.gin"], own), scoped)
     assert "value/train.max_steps = 7" in planned["value"].params
     assert "train.max_steps = 2" in planned["value"].params  # tiny_params' own, untouched
@@ -172,7 +172,7 @@ def test_a_gin_scope_named_like_a_step_is_reached_under_its_step_prefix(tmp_path
 
 def test_split_params():
     own, scoped = split_params(
-        ["pipeline.ranks = 2", "value/train.max_steps = 3", "all/DEMO_DATA = 'x'"]
+        ["pipeline.ranks = 2", "value:train.max_steps = 3", "all:DEMO_DATA = 'x'"]
     )
     assert own == ["pipeline.ranks = 2"]
     assert scoped == {"value": ["train.max_steps = 3"], "all": ["DEMO_DATA = 'x'"]}
@@ -196,7 +196,7 @@ def test_bad_step_binding_fails_before_anything_runs(tmp_path, capsys):
 
     from recap.pipeline import main
 
-    params = [*tiny_params(tmp_path), "value/train.max_stepz = 3"]
+    params = [*tiny_params(tmp_path), "value:train.max_stepz = 3"]
     code = main(
         ["--gin_file", "demo/pipeline.gin", *[a for p in params for a in ("--gin_param", p)]]
     )
@@ -227,21 +227,25 @@ STEPS = "returns, value, advantages, policy, baseline, evaluate, all"
 @pytest.mark.parametrize(
     "param, line",
     [
-        ("value/value_model.expert_widht = 64", "pipeline step value: gin config: value_model has "
+        ("value:value_model.expert_widht = 64", "pipeline step value: gin config: value_model has "
          "no parameter 'expert_widht' (binding 'value_model.expert_widht = 64'); nearest valid: "
          "expert_width, expert_depth, expert_style"),
-        ("policy/pi05_policy.vision = {'hidden_size': 32, 'num_layers': 2}", "pipeline step "
+        ("policy:pi05_policy.vision = {'hidden_size': 32, 'num_layers': 2}", "pipeline step "
          "policy: gin config: pi05_policy.vision has unknown key 'num_layers' (not a "
          "SiglipVisionConfig argument); nearest valid: num_hidden_layers, num_channels"),
+        ("valeu:train.max_steps = 3", "--gin_param 'valeu:train.max_steps = 3': 'valeu' is not a "
+         f"pipeline step; did you mean value:train.max_steps? (STEP one of {STEPS})"),
         ("valeu/train.max_steps = 3", "--gin_param 'valeu/train.max_steps = 3': 'valeu' is not a "
-         f"pipeline step; did you mean value/train.max_steps? (STEP one of {STEPS})"),
-        ("critic/train.max_steps = 3", "--gin_param 'critic/train.max_steps = 3': 'critic' is "
-         f"not a pipeline step; bind STEP/train.max_steps with STEP one of {STEPS}"),
+         f"pipeline step; did you mean value:train.max_steps? (STEP one of {STEPS})"),
+        ("critic:train.max_steps = 3", "--gin_param 'critic:train.max_steps = 3': 'critic' is "
+         f"not a pipeline step; bind STEP:train.max_steps with STEP one of {STEPS}"),
+        ("evaluate_policy:x.y = 3", "--gin_param 'evaluate_policy:x.y = 3': 'evaluate_policy' is "
+         f"not a pipeline step; did you mean evaluate:x.y? (STEP one of {STEPS})"),
         ("train.max_steps = 3", "--gin_param 'train.max_steps = 3': configures no step (the "
-         "pipeline's own bindings are pipeline.*); bind STEP/train.max_steps with STEP one of "
+         "pipeline's own bindings are pipeline.*); bind STEP:train.max_steps with STEP one of "
          f"{STEPS}"),
         ('DATA = "/data"', "--gin_param 'DATA = \"/data\"': the pipeline's own config reads no "
-         "macro DATA; bind STEP/DATA (all/DATA: every step)"),
+         "macro DATA; bind STEP:DATA (all:DATA for every step)"),
     ],
 )  # fmt: skip
 def test_a_typo_in_a_model_size_or_a_step_name_is_one_line_before_any_launch(
@@ -255,8 +259,8 @@ def test_a_fingerprint_hashes_the_complete_config_and_fails_loudly(tmp_path, mon
     Tracker bindings (where a run is logged) are not; no config text, no plan."""
     import gin
 
-    base = fingerprints(tmp_path, f'value/NOTE = "{"x" * 7000}a"')
-    other = fingerprints(tmp_path, f'value/NOTE = "{"x" * 7000}b"')
+    base = fingerprints(tmp_path, f'value:NOTE = "{"x" * 7000}a"')
+    other = fingerprints(tmp_path, f'value:NOTE = "{"x" * 7000}b"')
     assert {k for k in base if base[k] != other[k]} == {
         "value",
         "advantages",
@@ -264,7 +268,7 @@ def test_a_fingerprint_hashes_the_complete_config_and_fails_loudly(tmp_path, mon
         "evaluate_policy",
     }
     tracked = fingerprints(
-        tmp_path, f'value/NOTE = "{"x" * 7000}a"', 'all/Tracker.experiment = "e"'
+        tmp_path, f'value:NOTE = "{"x" * 7000}a"', 'all:Tracker.experiment = "e"'
     )
     assert tracked == base
 
@@ -287,8 +291,8 @@ def test_sweep_plans_every_point_and_shares_common_steps(tmp_path, capsys):
     sweep.write_text(
         "name: s\ngin_files: [demo/pipeline.gin]\n"
         'gin_params: [\'pipeline.stages = ["returns", "value", "advantages"]\']\n'
-        "grid:\n  value/deepspeed_config.lr: [1.0e-4, 1.0e-3]\n"
-        "  advantages/compute_advantages.positive_quantile: [0.3, 0.5]\n"
+        "grid:\n  value:deepspeed_config.lr: [1.0e-4, 1.0e-3]\n"
+        "  advantages:compute_advantages.positive_quantile: [0.3, 0.5]\n"
     )
     params = [a for p in tiny_params(tmp_path) for a in ("--gin_param", p)]
     assert main(["--sweep", str(sweep), "--dry_run", *params]) == 0
@@ -300,11 +304,11 @@ def test_sweep_plans_every_point_and_shares_common_steps(tmp_path, capsys):
 
 
 LIBERO_PARAMS = [
-    'all/DATA = "/data/lerobot"',
-    'all/SIGLIP = "/models/siglip2"',
-    'all/GEMMA = "/models/gemma-3-270m"',
-    'all/TOKENIZER = "/models/paligemma_tokenizer.model"',
-    'all/PI05_BASE = "/models/pi05_base"',
+    'all:DATA = "/data/lerobot"',
+    'all:SIGLIP = "/models/siglip2"',
+    'all:GEMMA = "/models/gemma-3-270m"',
+    'all:TOKENIZER = "/models/paligemma_tokenizer.model"',
+    'all:PI05_BASE = "/models/pi05_base"',
 ]
 
 
@@ -332,6 +336,6 @@ def test_a_missing_required_binding_stops_the_plan_before_anything_runs(tmp_path
     assert captured.out == ""
     assert captured.err == (
         "error: pipeline step policy: policy_data.tokenizer_path is required (macro TOKENIZER "
-        "is %gin.REQUIRED); bind it, e.g. --gin_param 'policy/TOKENIZER = ...'\n"
+        "is %gin.REQUIRED); bind it, e.g. --gin_param 'policy:TOKENIZER = ...'\n"
     )
     assert not (tmp_path / ".pipeline").exists()

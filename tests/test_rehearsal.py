@@ -112,7 +112,7 @@ def rehearsal(tmp_path_factory):
 def rehearse(pipeline: str, standins, runs: Path, cwd: Path) -> subprocess.CompletedProcess:
     """``pipeline`` + ``rehearsal/tiny.gin`` on the stand-ins, 2 CPU ranks, outputs under
     ``runs``; the run must succeed (its output tails are the failure message)."""
-    params = [f'all/include "{TINY}"', "pipeline.ranks = 2", f'pipeline.run_root = "{runs}"',
+    params = [f'all:include "{TINY}"', "pipeline.ranks = 2", f'pipeline.run_root = "{runs}"',
               *standins.bindings()]  # fmt: skip
     argv = [sys.executable, "-m", "recap.commands.pipeline", "--gin_file", pipeline]
     argv += [a for p in params for a in ("--gin_param", p)]

@@ -103,7 +103,7 @@ def rlinf_rehearsal(tmp_path_factory):
     trained = json.loads((run_dir(runs, "value") / "return_range.json").read_text())
     configs += ["--return-range", str(trained["return_min"]), str(trained["return_max"])]
     assert import_main(["rlinf-value", str(rlinf), "--out", str(imported), *configs]) == 0
-    step3 = [f'include "{TINY}"', *(b.removeprefix("all/") for b in standins.bindings()),
+    step3 = [f'include "{TINY}"', *(b.removeprefix("all:") for b in standins.bindings()),
              f'compute_advantages.model_path = "{imported}"', 'compute_advantages.tag = "imported"',
              f'compute_advantages.output_dir = "{tmp / "imported_advantages"}"',
              "Tracker.enabled = False"]  # fmt: skip

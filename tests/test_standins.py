@@ -59,9 +59,9 @@ def test_layout_and_bindings(standins):
         "gemma3", "paligemma_tokenizer.model", "pi05_base", "pi05_libero_checkpoint", "siglip",
     ]  # fmt: skip
     assert not list(root.rglob(".*"))  # no temporary leftovers
-    assert f'all/DATA = "{root}/data"' in standins.bindings()
-    assert f'all/TOKENIZER = "{standins.tokenizer}"' in standins.bindings()
-    assert f'all/PI05_BASE = "{standins.pi05_base}"' in standins.bindings()
+    assert f'all:DATA = "{root}/data"' in standins.bindings()
+    assert f'all:TOKENIZER = "{standins.tokenizer}"' in standins.bindings()
+    assert f'all:PI05_BASE = "{standins.pi05_base}"' in standins.bindings()
 
 
 @pytest.mark.parametrize("name", list(COUNTS))

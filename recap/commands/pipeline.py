@@ -1,12 +1,13 @@
 """Run Steps 1-4 as one job from one gin experiment; finished steps are skipped.
 
     recap-pipeline --gin_file demo/pipeline.gin
-    recap-pipeline --gin_file demo/pipeline.gin --gin_param 'value/train.max_steps = 50'
+    recap-pipeline --gin_file demo/pipeline.gin --gin_param 'value:train.max_steps = 50'
     recap-pipeline --gin_file demo/pipeline.gin --dry_run      # the plan, nothing runs
     recap-pipeline --sweep sweeps/demo_value_lr_quantile.yaml  # one pipeline per grid point
 
-``STEP/binding`` goes to one step (returns, value, advantages, policy, baseline, evaluate, all);
-other bindings configure ``pipeline.*``. The logic is in ``recap.pipeline``.
+``STEP:binding`` goes to one step (returns, value, advantages, policy, baseline, evaluate, all;
+the older ``STEP/binding`` still works, with a deprecation warning); other bindings configure
+``pipeline.*``. The logic is in ``recap.pipeline``.
 """
 
 from __future__ import annotations

@@ -142,8 +142,8 @@ def test_nvme_offload_without_async_io_stops_the_pipeline_plan_in_one_line(
 
     from recap.pipeline import main
 
-    params = [f'pipeline.run_root = "{tmp_path}"', 'policy/deepspeed_config.offload_param = "nvme"',
-              f'policy/deepspeed_config.nvme_path = "{tmp_path}"']  # fmt: skip
+    params = [f'pipeline.run_root = "{tmp_path}"', 'policy:deepspeed_config.offload_param = "nvme"',
+              f'policy:deepspeed_config.nvme_path = "{tmp_path}"']  # fmt: skip
     argv = ["--gin_file", "demo/pipeline.gin", "--dry_run"]
     try:
         assert main(argv + [a for p in params for a in ("--gin_param", p)]) == 2
