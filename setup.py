@@ -27,6 +27,7 @@ setup(
             "recap-import = recap.commands.import_rlinf:main",
             "recap-serve = recap.commands.serve:main",
             "recap-collect = recap.commands.collect:main",
+            "recap-iterate = recap.commands.iterate:main",
         ]
     },
     python_requires=">=3.10",

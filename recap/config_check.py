@@ -41,6 +41,7 @@ KNOWN_CONFIGURABLES = (
     "compute_returns",
     "deepspeed_config",
     "evaluate_policy",
+    "iterate",
     "LoraOptions",
     "pi05_policy",
     "pipeline",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gin
 import pytest
 
+import recap.iterate  # noqa: F401  (registers iterate)
 import recap.pipeline  # noqa: F401  (registers pipeline)
 import recap.steps.compute_advantages  # noqa: F401
 import recap.steps.compute_returns  # noqa: F401

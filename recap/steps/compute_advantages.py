@@ -281,9 +281,10 @@ def advantage_input(
             pa.array(np.zeros(table.num_rows, dtype=np.int32)), pa.array([source.spec.name])
         )
         tables.append(table.append_column(C.DATASET_NAME, name))  # no string copies
-    if any(IS_CORRECTION in t.column_names for t in tables):
-        tables = [t if IS_CORRECTION in t.column_names else t.append_column(
-            IS_CORRECTION, pa.array(np.zeros(t.num_rows, dtype=bool))) for t in tables]  # fmt: skip
+    if any(IS_CORRECTION in t.column_names for t in tables):  # before dataset_name, as read
+        tables = [t if IS_CORRECTION in t.column_names else t.add_column(
+            t.num_columns - 1, IS_CORRECTION, pa.array(np.zeros(t.num_rows, dtype=bool)))
+            for t in tables]  # fmt: skip
     return pa.concat_tables(tables)
 
 

@@ -1,0 +1,27 @@
+"""Iterative RECAP: K rounds of collect-with-the-current-policy then Steps 1-4 over all data.
+
+    recap-iterate --gin_file demo/iterate.gin
+    recap-iterate --gin_file demo/iterate.gin --gin_param 'iterate.iterations = 3' \
+        --gin_param 'iterate.expert = True' --gin_param 'iterate.drift = 0.5'
+    recap-iterate --gin_file demo/iterate.gin --dry_run      # the plan, nothing runs
+
+``iterate.*`` bindings set the loop (``recap.iterate.iterate_config``); ``STEP:binding`` goes to
+one pipeline step (e.g. ``'value:train.max_steps = 100'``), ``pipeline.*`` to the pipeline, as
+for ``recap-pipeline``. Rerun the same command and finished iterations are skipped. The logic is
+in ``recap.iterate``.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from recap.iterate import main as run_iterate_command
+
+    return run_iterate_command(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,708 @@
+"""Iterative RECAP: collect with the current policy, Steps 1-4 over all data so far, repeat.
+
+For k = 1 .. ``iterate.iterations``:
+
+1. **Collect** ``iterate.episodes`` closed-loop episodes (``recap.envs.rollout.collect``) with
+   policy k-1 at guidance ``beta``, ``replan_steps`` actions per chunk, optionally corrected by
+   the task's scripted expert (``expert``, takeover when the action is farther than ``drift``
+   from the expert's) into a new LeRobot v3.0 dataset ``{root}/iter{k}/rollout-{fp[:12]}`` with
+   ``is_success`` and ``is_correction``. Policy 0 is the pipeline's ``baseline`` run (behaviour
+   cloning on the base data; trained first when it is not finished) or a given run
+   (``start_run``, loaded with the gin files of ``pipeline.steps[start_step]``); policy k is
+   iteration k's ``policy`` run. Episode seeds: ``seed + (k-1) * episodes`` onwards.
+2. **Steps 1-4** through ``recap.pipeline`` (``plan`` / ``run_pipeline``) with every step's
+   dataset list (``compute_returns`` / ``value_data`` / ``compute_advantages`` / ``policy_data``
+   ``.datasets``) extended by every rollout collected so far, and the Step 1 tag of its own
+   (``{tag}_iter{k}``: the returns of the base datasets are written beside them once per
+   iteration, never over an earlier iteration's). The run root is the pipeline's, shared:
+   content addressing gives the changed configurations new fingerprints, so each iteration's
+   value model, advantage tag and policy get directories of their own and are kept, and what
+   did not change (the baseline) is reused. The policy is retrained from the base checkpoint
+   (``policy_init = "retrain"``, the paper) or fine-tuned from policy k-1 (``"finetune"``:
+   ``pi05_policy.checkpoint`` = its run directory). The value model is retrained.
+3. **Tracking**: one MLflow run per iteration (experiment ``iterate.experiment``, run name
+   ``{pipeline.name}-iter{k}``, tags ``iteration`` = k), with the pipeline's summary figures,
+   the collection's success rate and corrections, and the stage fingerprints.
+
+A finished iteration is skipped: its marker ``{root}/.iterate/iter{k}-{key}.json`` (``key``
+hashes the collection's and the stages' fingerprints) records the collected files' sizes and
+modification times, and every stage it ran must still be ``recap.pipeline.finished``. A
+collection is content-addressed too (its fingerprint hashes the collecting policy's fingerprint
+and every collection setting), so a changed upstream policy collects into a new directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+import gin
+
+from recap.errors import RecapError
+from recap.pipeline import (
+    PipelineConfig,
+    finished,
+    load_pipeline,
+    plan,
+    run_pipeline,
+    split_params,
+    summary_metrics,
+)
+
+MARKERS = ".iterate"
+# step -> the configurable whose ``datasets`` (and ``data_root``) it reads
+DATASETS_OF = {
+    "returns": "compute_returns",
+    "value": "value_data",
+    "advantages": "compute_advantages",
+    "policy": "policy_data",
+}
+# step -> the binding naming the Step 1 tag it writes or reads
+RETURNS_TAG_OF = {
+    "returns": "compute_returns.tag",
+    "value": "value_data.returns_tag",
+    "advantages": "compute_advantages.returns_tag",
+}
+POLICY_INITS = ("retrain", "finetune")
+VALUE_INITS = ("retrain",)
+ENVS = ("reach", "libero")
+_OWN = re.compile(r"^\s*iterate\.")
+
+
+@dataclass(frozen=True)
+class IterateConfig:
+    iterations: int
+    episodes: int
+    seed: int
+    beta: float
+    guidance: str
+    num_steps: int | None
+    noise_seed: int
+    replan_steps: int
+    num_envs: int
+    env: str
+    max_steps: int | None
+    state_targets: bool
+    suite: str
+    task_id: int
+    expert: bool
+    drift: float
+    takeover_steps: int
+    naming: str
+    image_dtype: str
+    start_run: str
+    start_step: str
+    policy_init: str
+    value_init: str
+    root: str
+    experiment: str
+
+    def collection(self) -> dict:
+        """The settings a collection's content depends on (its fingerprint hashes them)."""
+        # num_envs stays in: the sampling noise is drawn per batch of environments
+        skip = {"iterations", "start_run", "start_step", "policy_init", "value_init", "root",
+                "experiment"}  # fmt: skip
+        return {k: v for k, v in dataclasses.asdict(self).items() if k not in skip}
+
+
+@gin.configurable("iterate")
+def iterate_config(
+    iterations: int = gin.REQUIRED,
+    episodes: int = 100,
+    seed: int = 2000,
+    beta: float = 1.0,
+    guidance: str = "positive",
+    num_steps: int | None = None,
+    noise_seed: int = 0,
+    replan_steps: int = 1,
+    num_envs: int = 50,
+    env: str = "reach",
+    max_steps: int | None = None,
+    state_targets: bool = False,
+    suite: str = "libero_10",
+    task_id: int = 0,
+    expert: bool = False,
+    drift: float = 1.0,
+    takeover_steps: int = 5,
+    naming: str = "lerobot",
+    image_dtype: str = "video",
+    start_run: str = "",
+    start_step: str = "baseline",
+    policy_init: str = "retrain",
+    value_init: str = "retrain",
+    root: str = "",
+    experiment: str = "iterate",
+) -> IterateConfig:
+    """The loop's own settings (gin ``iterate.*``; module docstring).
+
+    Args:
+        iterations: K, the number of collect + Steps 1-4 rounds.
+        episodes: episodes collected per iteration; ``seed``: iteration k's episode j starts at
+            ``reset(seed + (k-1) * episodes + j)``.
+        beta, guidance, num_steps, noise_seed: the collecting policy's sampling (as
+            ``recap-collect``; a behaviour-cloning policy has one prompt, beta does not matter).
+        replan_steps, num_envs: actions executed per chunk; environments run in lockstep.
+        env: ``"reach"`` (the demo task: ``max_steps``, ``state_targets`` as the demo data was
+            written) or ``"libero"`` (``suite``, ``task_id``; needs ``hf-libero``).
+        expert, drift, takeover_steps: scripted-expert corrections (reach only): the expert
+            takes over for ``takeover_steps`` steps when the action's L2 distance (dx, dy) from
+            its own exceeds ``drift``; those frames are ``is_correction``.
+        naming, image_dtype: the collected datasets' column naming and image storage.
+        start_run: policy 0's run directory (default: the pipeline's ``baseline`` stage), loaded
+            with the gin files of ``pipeline.steps[start_step]``.
+        policy_init: ``"retrain"`` (from the policy step's own initialization, the paper) or
+            ``"finetune"`` (from policy k-1's weights).
+        value_init: ``"retrain"`` (fine-tuning the value model needs a hook recap lacks).
+        root: where collections, markers and iteration records go (default
+            ``{pipeline.run_root}/iterate``).
+        experiment: MLflow experiment of the per-iteration runs.
+    """
+    if int(iterations) < 1:
+        raise RecapError(f"iterate.iterations: {iterations}; run at least one iteration")
+    if int(episodes) < 1:
+        raise RecapError(f"iterate.episodes: {episodes}; collect at least one episode")
+    if int(replan_steps) < 1 or int(num_envs) < 1 or int(takeover_steps) < 1:
+        raise RecapError("iterate.replan_steps / num_envs / takeover_steps: use >= 1")
+    if env not in ENVS:
+        raise RecapError(f"iterate.env: {env!r}; use one of {list(ENVS)}")
+    if expert and env != "reach":
+        raise RecapError(f"iterate.expert: env {env!r} has no scripted expert; set "
+                         "iterate.expert = False")  # fmt: skip
+    if guidance not in ("positive", "negative", "no_guide"):
+        raise RecapError(f"iterate.guidance: {guidance!r}; use positive, negative or no_guide")
+    if policy_init not in POLICY_INITS:
+        raise RecapError(f"iterate.policy_init: {policy_init!r}; use one of {list(POLICY_INITS)}")
+    if value_init not in VALUE_INITS:
+        raise RecapError(f"iterate.value_init: {value_init!r}; use 'retrain' (fine-tuning the "
+                         "value model needs an initial-weights hook in value_model or train, "
+                         "which recap does not have yet)")  # fmt: skip
+    return IterateConfig(
+        iterations=int(iterations), episodes=int(episodes), seed=int(seed), beta=float(beta),
+        guidance=guidance, num_steps=num_steps, noise_seed=int(noise_seed),
+        replan_steps=int(replan_steps), num_envs=int(num_envs), env=env,
+        max_steps=None if max_steps is None else int(max_steps),
+        state_targets=bool(state_targets), suite=str(suite), task_id=int(task_id),
+        expert=bool(expert), drift=float(drift), takeover_steps=int(takeover_steps),
+        naming=naming, image_dtype=image_dtype, start_run=str(start_run),
+        start_step=str(start_step), policy_init=policy_init, value_init=value_init,
+        root=str(root), experiment=experiment,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Source:
+    """A policy to collect with: its run directory, the gin files and bindings that load it,
+    and a fingerprint (its stage's, or the given weights' path, size and time)."""
+
+    run_dir: str
+    files: list[str]
+    params: list[str]
+    fingerprint: str
+
+
+@dataclass
+class Iteration:
+    """Iteration k planned: the collection and the pipeline it runs."""
+
+    k: int
+    source: Source
+    collect_fingerprint: str
+    out: Path
+    seed: int
+    config: PipelineConfig
+    scoped: dict[str, list[str]]
+    planned: dict
+    datasets: dict[str, int]
+
+    @property
+    def key(self) -> str:
+        digest = hashlib.sha256(self.collect_fingerprint.encode())
+        for name, item in self.planned.items():
+            digest.update(f"{name}:{item.fingerprint}".encode())
+        return digest.hexdigest()
+
+    def policy(self) -> Source:
+        item = self.planned["policy"]
+        return Source(str(item.run_dir), list(item.files), list(item.params), item.fingerprint)
+
+
+# ---- configuration ------------------------------------------------------------------------------
+
+
+def split_iterate_params(params: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(``iterate.*`` bindings, the rest: the pipeline's and the steps' bindings)."""
+    own = [p for p in params if _OWN.match(p)]
+    return own, [p for p in params if not _OWN.match(p)]
+
+
+def load(
+    files: Sequence[str], params: Sequence[str]
+) -> tuple[PipelineConfig, dict[str, list[str]], IterateConfig]:
+    """The pipeline config, its step bindings and the loop's settings from gin files and
+    command-line bindings (``iterate.*``, ``pipeline.*``, ``STEP:binding``)."""
+    from recap.cli import parse_gin
+    from recap.config_check import check_required
+
+    own, rest = split_iterate_params(params)
+    pipeline_own, scoped = split_params(rest)
+    config = load_pipeline(files, pipeline_own)
+    gin.clear_config()
+    try:
+        parse_gin(files, [*pipeline_own, *own])
+        check_required("iterate", "", "")
+        settings = iterate_config()
+    finally:
+        gin.clear_config()
+    if "policy" not in config.stages:
+        raise RecapError(f"pipeline.stages: {config.stages} has no 'policy'; the loop collects "
+                         "with each iteration's policy, add it")  # fmt: skip
+    if settings.start_step not in config.steps:
+        raise RecapError(f"iterate.start_step: {settings.start_step!r} is not in "
+                         f"pipeline.steps {sorted(config.steps)}; name the step whose gin "
+                         "files load policy 0")  # fmt: skip
+    if not settings.start_run and settings.start_step != "baseline":
+        raise RecapError("iterate.start_step: without iterate.start_run policy 0 is the "
+                         "pipeline's baseline run; set start_run or start_step = "
+                         "'baseline'")  # fmt: skip
+    return config, scoped, settings
+
+
+def _register_configurables() -> None:
+    import recap.steps.compute_advantages  # noqa: F401
+    import recap.steps.compute_returns  # noqa: F401
+    import recap.steps.evaluate_policy  # noqa: F401
+    import recap.steps.train  # noqa: F401
+
+
+def _step_params(config: PipelineConfig, scoped: dict[str, list[str]], step: str) -> list[str]:
+    """The extra bindings a step's stage parses (``all`` first, then the step's own)."""
+    return [*config.bindings.get("all", []), *scoped.get("all", []),
+            *config.bindings.get(step, []), *scoped.get(step, [])]  # fmt: skip
+
+
+def base_datasets(
+    config: PipelineConfig, scoped: dict[str, list[str]]
+) -> tuple[dict[str, list[dict]], str]:
+    """Each data-reading step's dataset list as configured (before any rollout), and the
+    Step 1 tag of the returns step."""
+    from recap.cli import parse_gin
+    from recap.config_check import bound
+
+    _register_configurables()
+    lists: dict[str, list[dict]] = {}
+    tag = ""
+    try:
+        for step, prefix in DATASETS_OF.items():
+            if step not in config.steps:
+                continue
+            gin.clear_config()
+            try:
+                parse_gin(config.steps[step], _step_params(config, scoped, step))
+            except RecapError as exc:
+                raise RecapError(f"pipeline step {step}: {exc}") from exc
+            entries = bound(f"{prefix}.datasets")
+            if not isinstance(entries, (list, tuple)) or not entries:
+                raise RecapError(f"pipeline step {step}: {prefix}.datasets is not a list of "
+                                 "datasets; bind it in the step's gin files")  # fmt: skip
+            lists[step] = [dict(e) for e in entries]
+            if step == "returns":
+                tag = str(bound("compute_returns.tag", "") or "")
+    finally:
+        gin.clear_config()
+    return lists, tag
+
+
+def _fingerprint_of_run(run_dir: str) -> str:
+    """A given policy's fingerprint: its weights' path, size and modification time."""
+    weights = Path(run_dir) / "model.safetensors"
+    if not weights.is_file():
+        raise RecapError(f"iterate.start_run: {weights} not found; point it at a trained policy "
+                         "run directory (model.safetensors)")  # fmt: skip
+    st = weights.stat()
+    text = json.dumps([str(weights.resolve()), st.st_size, st.st_mtime_ns])
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def root_of(config: PipelineConfig, settings: IterateConfig) -> Path:
+    return Path(settings.root) if settings.root else config.run_root / "iterate"
+
+
+# ---- planning -----------------------------------------------------------------------------------
+
+
+def plan_start(
+    config: PipelineConfig, scoped: dict[str, list[str]], settings: IterateConfig
+) -> tuple[Source, PipelineConfig | None, dict | None]:
+    """Policy 0, and (when it is the pipeline's baseline) the one-stage pipeline training it."""
+    step = settings.start_step
+    if settings.start_run:
+        params = [*_step_params(config, scoped, step), f'train.run_dir = "{settings.start_run}"']
+        source = Source(settings.start_run, list(config.steps[step]), params,
+                        _fingerprint_of_run(settings.start_run))  # fmt: skip
+        return source, None, None
+    if "baseline" not in config.steps:
+        raise RecapError("iterate: iteration 1 collects with the pipeline's baseline (behaviour "
+                         "cloning) but pipeline.steps has no 'baseline'; add it or set "
+                         "iterate.start_run")  # fmt: skip
+    boot = dataclasses.replace(config, name=f"{config.name}-iter0", stages=["baseline"])
+    planned = plan(boot, scoped)
+    item = planned["baseline"]
+    source = Source(str(item.run_dir), list(item.files), list(item.params), item.fingerprint)
+    return source, boot, planned
+
+
+def plan_iterations(
+    config: PipelineConfig, scoped: dict[str, list[str]], settings: IterateConfig, start: Source
+) -> list[Iteration]:
+    """Every iteration's collection and pipeline, planned before anything runs (an iteration's
+    plan needs only the fingerprints and paths of the ones before it)."""
+    lists, tag = base_datasets(config, scoped)
+    root = root_of(config, settings).resolve()
+    source, rollouts, out = start, [], []
+    for k in range(1, settings.iterations + 1):
+        seed = settings.seed + (k - 1) * settings.episodes
+        what = [source.fingerprint, settings.collection(), seed]
+        fingerprint = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
+        where = root / f"iter{k}" / f"rollout-{fingerprint[:12]}"
+        rollouts.append({"name": f"rollout_iter{k}", "root": str(where), "type": "rollout"})
+        step_scoped = {s: list(v) for s, v in scoped.items()}
+        counts = {}
+        for step, base in lists.items():
+            entries = [*base, *rollouts]
+            counts[step] = len(entries)
+            bindings = [f"{DATASETS_OF[step]}.datasets = {entries!r}"]
+            if step in RETURNS_TAG_OF:
+                new_tag = f"{tag}_iter{k}" if tag else f"iter{k}"
+                bindings.append(f'{RETURNS_TAG_OF[step]} = "{new_tag}"')
+            step_scoped.setdefault(step, []).extend(bindings)
+        if settings.policy_init == "finetune":
+            step_scoped.setdefault("policy", []).append(
+                f'pi05_policy.checkpoint = "{source.run_dir}"'
+            )
+        iter_config = dataclasses.replace(config, name=f"{config.name}-iter{k}")
+        try:
+            planned = plan(iter_config, step_scoped)
+        except RecapError as exc:
+            raise RecapError(f"iteration {k}: {exc}") from exc
+        item = Iteration(k, source, fingerprint, where, seed, iter_config, step_scoped, planned,
+                         counts)  # fmt: skip
+        out.append(item)
+        source = item.policy()
+    return out
+
+
+# ---- markers ------------------------------------------------------------------------------------
+
+
+def _stamps(directory: Path) -> dict[str, list[int]]:
+    """Size and modification time of every file under ``directory``."""
+    out = {}
+    for path in sorted(directory.rglob("*")):
+        if path.is_file():
+            st = path.stat()
+            out[str(path)] = [st.st_size, st.st_mtime_ns]
+    return out
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def _marker(root: Path, it: Iteration) -> Path:
+    return root / MARKERS / f"iter{it.k}-{it.key}.json"
+
+
+def _collect_marker(root: Path, it: Iteration) -> Path:
+    return root / MARKERS / f"collect-iter{it.k}-{it.collect_fingerprint}.json"
+
+
+def _unchanged(record: dict) -> bool:
+    try:
+        outputs = record.get("outputs", {})
+        return bool(outputs) and all(
+            Path(p).is_file() and [Path(p).stat().st_size, Path(p).stat().st_mtime_ns] == v
+            for p, v in outputs.items()
+        )
+    except OSError:
+        return False
+
+
+def collected(root: Path, it: Iteration) -> dict | None:
+    """The collection's record when it is on disk as it was written, else None; a directory
+    there that is not (an interrupted or edited collection) is a one-line error."""
+    from recap.envs.rollout import COLLECT_FILE
+
+    marker = _collect_marker(root, it)
+    if marker.is_file():
+        record = json.loads(marker.read_text())
+        if _unchanged(record):
+            return record
+        raise RecapError(f"{it.out}: iteration {it.k}'s collection changed since it was "
+                         f"written (files differ from {marker}); remove both and rerun to "
+                         "collect again")  # fmt: skip
+    if not it.out.exists():
+        return None
+    meta = it.out / COLLECT_FILE
+    saved = json.loads(meta.read_text()) if meta.is_file() else {}
+    if saved.get("fingerprint") != it.collect_fingerprint:
+        raise RecapError(f"{it.out}: exists but is no finished collection of iteration {it.k} "
+                         "(no matching meta/recap_collect.json); remove it and rerun")  # fmt: skip
+    record = {"summary": saved, "outputs": _stamps(it.out)}  # written, then interrupted: adopt
+    _write_json(marker, record)
+    return record
+
+
+def finished_iteration(root: Path, it: Iteration) -> dict | None:
+    """The iteration's record when it finished and nothing it made changed since, else None:
+    its marker exists, its collection is as written and every stage is ``finished``."""
+    marker = _marker(root, it)
+    if not marker.is_file():
+        return None
+    record = json.loads(marker.read_text())
+    if not _unchanged(record):
+        return None
+    if any(finished(it.config.run_root, item) is None for item in it.planned.values()):
+        return None
+    return record
+
+
+# ---- running ------------------------------------------------------------------------------------
+
+
+def collect_rollouts(it: Iteration, settings: IterateConfig) -> dict:
+    """Iteration k's episodes with policy k-1, written to ``it.out`` (module docstring)."""
+    from recap.cli import parse_gin
+    from recap.commands.collect import env_factory
+    from recap.config_check import check_required
+
+    _register_configurables()
+    args = SimpleNamespace(env=settings.env, suite=settings.suite, task_id=settings.task_id,
+                           max_steps=settings.max_steps, state_targets=settings.state_targets,
+                           expert=settings.expert)  # fmt: skip
+    gin.clear_config()
+    try:
+        parse_gin(it.source.files, it.source.params)
+        for name in ("pi05_policy", "policy_data"):
+            check_required(name, f"iteration {it.k}: collecting policy: ")
+        from recap.envs.policy import ChunkAdapter, load_run
+        from recap.envs.rollout import ActionDrift, collect
+
+        model, data, run = load_run(it.source.run_dir)
+        policy = ChunkAdapter(model, data, settings.beta, settings.num_steps,
+                              settings.noise_seed, settings.guidance)  # fmt: skip
+        make_env, expert = env_factory(args)
+        record = {"iteration": it.k, "fingerprint": it.collect_fingerprint, "run_dir": str(run),
+                  "policy_fingerprint": it.source.fingerprint, "beta": settings.beta,
+                  "guidance": settings.guidance, "conditioning": data.conditioning,
+                  "env": settings.env, "drift": settings.drift}  # fmt: skip
+        summary = collect(policy, make_env, settings.episodes, it.seed, it.out, expert=expert,
+                          drift=ActionDrift(settings.drift, dims=2),
+                          takeover_steps=settings.takeover_steps,
+                          replan_steps=settings.replan_steps, num_envs=settings.num_envs,
+                          naming=settings.naming, image_dtype=settings.image_dtype,
+                          record=record)  # fmt: skip
+    finally:
+        gin.clear_config()
+    summary = {k: v for k, v in summary.items() if isinstance(v, (int, float, str, bool))}
+    return {"summary": {**summary, **record, "seed": it.seed,
+                        "num_episodes": settings.episodes}}  # fmt: skip
+
+
+def track_iteration(
+    it: Iteration, settings: IterateConfig, run_dir: Path, collection: dict, report: dict
+) -> str:
+    """One MLflow run per iteration, tagged with k: the pipeline's summary figures, the
+    collection's, the stage fingerprints. Returns the tracking URI."""
+    from recap.engine.tracking import Tracker
+
+    tracker = Tracker(settings.experiment, run_name=it.config.name,
+                      sweep_name=it.config.sweep_name)  # fmt: skip
+    gin.clear_config()
+    tracker.start(run_dir, "iterate", tags={"iteration": str(it.k), "recap.iteration": str(it.k)})
+    summary = collection["summary"]
+    params = {"iteration": it.k, "iterations": settings.iterations,
+              "pipeline.name": it.config.name, "collect.out": str(it.out),
+              "collect.policy": it.source.run_dir, "collect.seed": it.seed,
+              "policy_init": settings.policy_init, "value_init": settings.value_init,
+              **{f"iterate.{k}": v for k, v in settings.collection().items()},
+              **{f"datasets/{s}": n for s, n in it.datasets.items()},
+              **{f"fingerprint/{n}": e.fingerprint[:12]
+                 for n, e in it.planned.items()}}  # fmt: skip
+    tracker.log_params(params)
+    episodes = max(int(summary.get("episodes", settings.episodes)), 1)
+    metrics = {**summary_metrics(report), "iteration": float(it.k),
+               "collect/success": float(summary.get("successes", 0)) / episodes,
+               "collect/corrections": float(summary.get("corrections", 0)),
+               "collect/corrected_episodes": float(summary.get("corrected_episodes", 0)),
+               "collect/frames": float(summary.get("frames", 0))}  # fmt: skip
+    tracker.log_metrics(metrics, it.k)
+    tracker.log_dict({"collect": collection, "stages": report}, "iteration_report.json")
+    tracker.finish()
+    return tracker.uri
+
+
+def _stage_record(entry: dict) -> dict:
+    """What an iteration's record keeps of one stage's ``run_pipeline`` report."""
+    return {"status": entry["status"], "fingerprint": entry["fingerprint"],
+            "run_dir": entry.get("run_dir"), "result": entry.get("result", {})}  # fmt: skip
+
+
+def run_iterations(
+    files: Sequence[str], params: Sequence[str], dry: bool = False
+) -> tuple[list[dict], str, IterateConfig]:
+    """Run (or skip) every iteration; returns (one record per iteration, the tracking URI, the
+    loop's settings)."""
+    config, scoped, settings = load(files, params)
+    root = root_of(config, settings).resolve()
+    start, boot, boot_plan = plan_start(config, scoped, settings)
+    iterations = plan_iterations(config, scoped, settings, start)
+    if dry:
+        _print_plan(root, settings, boot, boot_plan, iterations)
+        return [], "", settings
+    if boot is not None:
+        print(f"==== iteration 0: policy 0, the baseline ({Path(start.run_dir).name})", flush=True)
+        run_pipeline(boot, scoped, planned=boot_plan)
+    from recap.engine.tracking import Tracker
+
+    records, uri = [], Tracker(settings.experiment).uri  # where the runs are (all skipped too)
+    total = len(iterations)
+    for it in iterations:
+        record = finished_iteration(root, it)
+        if record is not None:
+            print(f"==== iteration {it.k}/{total} ({it.key[:12]}): finished before, skipped",
+                  flush=True)  # fmt: skip
+            records.append({**record, "status": "skipped"})
+            continue
+        start_time = time.perf_counter()
+        collection = collected(root, it)
+        if collection is None:
+            print(f"==== iteration {it.k}/{total}: collect {settings.episodes} episodes with "
+                  f"{it.source.run_dir} -> {it.out}", flush=True)  # fmt: skip
+            collection = collect_rollouts(it, settings)
+            collection["outputs"] = _stamps(it.out)
+            _write_json(_collect_marker(root, it), collection)
+            status = "ran"
+        else:
+            print(f"==== iteration {it.k}/{total}: collection {it.out} finished before, skipped",
+                  flush=True)  # fmt: skip
+            status = "skipped"
+        c = collection["summary"]
+        print(f"{it.out}: {c.get('episodes')} episodes, {c.get('successes')} successes, "
+              f"{c.get('frames')} frames, {c.get('corrections')} corrected frames",
+              flush=True)  # fmt: skip
+        print(f"==== iteration {it.k}/{total}: Steps 1-4 over {it.datasets.get('policy')} "
+              f"datasets ({it.config.name})", flush=True)  # fmt: skip
+        report = run_pipeline(it.config, it.scoped, planned=it.planned)
+        run_dir = root / f"iter{it.k}" / it.key[:12]
+        run_dir.mkdir(parents=True, exist_ok=True)
+        uri = track_iteration(it, settings, run_dir, collection, report)
+        record = {
+            "iteration": it.k,
+            "key": it.key,
+            "name": it.config.name,
+            "run_dir": str(run_dir),
+            "collect": {"status": status, "out": str(it.out), **collection["summary"]},
+            "datasets": it.datasets,
+            "policy": dataclasses.asdict(it.policy()),
+            "stages": {n: _stage_record(e) for n, e in report.items()},
+            "wall_s": round(time.perf_counter() - start_time, 1),
+            "outputs": collection["outputs"],
+        }
+        _write_json(run_dir / "summary.json", record)
+        _write_json(_marker(root, it), record)
+        records.append({**record, "status": "ran"})
+    return records, uri, settings
+
+
+def _print_plan(root, settings, boot, boot_plan, iterations) -> None:
+    """What would run and what would be skipped, iteration by iteration."""
+    earlier: set[str] = set()  # fingerprints of the stages an earlier iteration runs
+    if boot is not None:
+        item = boot_plan["baseline"]
+        done = finished(boot.run_root, item) is not None
+        print(f"iteration 0  baseline {item.short}  {'skip (finished)' if done else 'run'}")
+        if not done:
+            earlier.add(item.fingerprint)
+    for it in iterations:
+        if finished_iteration(root, it) is not None:
+            print(f"iteration {it.k}  {it.key[:12]}  skip (finished)")
+            continue
+        done = _collect_marker(root, it).is_file()
+        what = "skip (finished)" if done else "run"
+        print(f"iteration {it.k}  collect {settings.episodes} episodes with "
+              f"{it.source.run_dir} -> {it.out}  {what}")  # fmt: skip
+        runs: set[str] = set()
+        for name, item in it.planned.items():
+            stale = any(n in runs for n in item.stage.needs)
+            if item.fingerprint in earlier:
+                what = "skip (an earlier iteration runs it)"
+            elif stale or finished(it.config.run_root, item) is None:
+                runs.add(name)
+                what = "run"
+            else:
+                what = "skip (finished)"
+            print(f"iteration {it.k}  {name:18s} {item.short}  {what}")
+        earlier.update(it.planned[name].fingerprint for name in runs)
+
+
+def summary_lines(records: list[dict], uri: str, experiment: str) -> str:
+    """One line per iteration: status, collection outcome, the headline figures."""
+    rows = [("iter", "status", "collected", "positive", "value rho", "policy loss", "run")]
+    for r in records:
+        c = r.get("collect", {})
+        stages = r.get("stages", {})
+        adv = stages.get("advantages", {}).get("result", {})
+        val = stages.get("value", {}).get("result", {})
+        pol = stages.get("policy", {}).get("result", {})
+        rows.append((
+            str(r["iteration"]), r["status"],
+            f"{c.get('successes', '?')}/{c.get('episodes', '?')} ok, "
+            f"{c.get('corrections', 0)} corr",
+            f"{adv['positive_fraction']:.3f}" if "positive_fraction" in adv else "-",
+            f"{val['eval/value_spearman']:.3f}" if "eval/value_spearman" in val else "-",
+            f"{pol['train/loss']:.4g}" if "train/loss" in pol else "-",
+            str(stages.get("policy", {}).get("run_dir") or ""),
+        ))  # fmt: skip
+    widths = [max(len(row[i]) for row in rows) for i in range(6)]
+    lines = ["  ".join([*(c.ljust(w) for c, w in zip(row[:6], widths)), row[6]]).rstrip()
+             for row in rows]  # fmt: skip
+    if uri:
+        lines.append(f"compare iterations: mlflow ui --backend-store-uri {uri}   (experiment "
+                     f"{experiment!r}, one run per iteration, tag iteration)")  # fmt: skip
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from recap.cli import build_parser
+    from recap.errors import one_line
+    from recap.pipeline import PipelineStepFailed
+
+    parser = build_parser("Iterative RECAP: collect with the current policy, Steps 1-4 over all "
+                          "data so far, K times; finished iterations are skipped.")  # fmt: skip
+    parser.add_argument("--dry_run", action="store_true", help="print the plan, run nothing")
+    args = parser.parse_args(argv)
+    try:
+        if not args.gin_file:
+            raise RecapError("--gin_file: give the loop's gin file, e.g. demo/iterate.gin")
+        records, uri, settings = run_iterations(args.gin_file, args.gin_param, args.dry_run)
+        if records:
+            print(summary_lines(records, uri, settings.experiment), flush=True)
+    except PipelineStepFailed as exc:
+        print(f"error: {one_line(exc)}", file=sys.stderr)
+        return exc.code
+    except RecapError as exc:
+        print(f"error: {one_line(exc)}", file=sys.stderr)
+        return 2
+    return 0
