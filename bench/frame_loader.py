@@ -26,7 +26,8 @@ import av
 import numpy as np
 
 from recap.data.lerobot_writer import Episode, WriterConfig, write_lerobot_dataset
-from recap.data.loader import FrameDataset, make_loader
+from recap.data.loader import FrameDataset
+from recap.engine.loader import make_loader
 
 TARGET = "random access >= 400 items/s with PyAV on 2 cores"
 CAMERAS = ("image", "wrist_image")

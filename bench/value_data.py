@@ -18,6 +18,7 @@ import torch
 import recap.steps.train  # noqa: F401  (registers the gin configurables)
 from recap.cli import parse_gin
 from recap.data.datasets import value_data
+from recap.engine.loader import batch_loader
 from recap.models.value import value_model
 
 TARGET = "the loader is not the bottleneck (loader samples/s > training samples/s)"
@@ -26,11 +27,7 @@ TARGET = "the loader is not the bottleneck (loader samples/s > training samples/
 def loader_rate(dataset, batch: int, workers: int, batches: int) -> float:
     order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(0)).tolist()
     chunks = [order[i * batch : (i + 1) * batch] for i in range(batches)]
-    loader = torch.utils.data.DataLoader(
-        dataset, batch_sampler=chunks, collate_fn=dataset.collate, num_workers=workers,
-        multiprocessing_context="forkserver" if workers else None,
-    )  # fmt: skip
-    it = iter(loader)
+    it = iter(batch_loader(dataset, chunks, workers))  # training's loader
     next(it)  # worker start-up is not throughput
     t0 = time.perf_counter()
     n = sum(b["target"].shape[0] for b in it)

@@ -8,8 +8,9 @@ Video-heavy training is input-bound, so the loader is built around how frames ar
   sorts the batch's frames by file and time, seeks to the keyframe at or before each target and
   decodes forward only to it (single-threaded decoders; workers give the parallelism).
 - Frames stay uint8 (``uint8[B, H, W, 3]`` tensors) until the model's transforms need floats.
-- Sequential passes (Step 3 inference) use ``ShardedSequentialBatches``: each worker walks its own
-  contiguous block of rows, so every frame is decoded once, in order, with no seeks.
+- The DataLoader is the engine's one loader (``recap.engine.loader``: ``batch_loader``, and
+  ``make_loader`` for shuffled or in-order passes over a ``FrameDataset``); in-order passes give
+  each worker its own contiguous block of rows, so every frame is decoded once, with no seeks.
 
 Per-row columns (state, action, indices) are read once, vectorized, when the dataset is built.
 """
@@ -17,13 +18,13 @@ Per-row columns (state, action, indices) are read once, vectorized, when the dat
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import torch
-from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler
+from torch.utils.data import Dataset
 
 from recap.core import columns as C
 from recap.data.lerobot import KeyMap, LocalDataset, detect_key_map
@@ -169,71 +170,3 @@ def action_chunks(episodes, horizon: int) -> tuple[np.ndarray, np.ndarray]:
     rows[episodes.order] = rows_sorted
     mask[episodes.order] = mask_sorted
     return rows, mask
-
-
-class ShardedSequentialBatches(Sampler[list[int]]):
-    """Batches for one in-order pass with ``num_workers`` DataLoader workers.
-
-    The DataLoader hands batch i to worker ``i % W``; here batch i covers the ``i // W``-th batch
-    of worker ``i % W``'s contiguous block, so each worker decodes its own block front to back and
-    no frame is decoded twice. Batches carry ``row`` so results can be put back in order.
-    """
-
-    def __init__(self, num_items: int, batch_size: int, num_workers: int):
-        self.num_items, self.batch_size = num_items, batch_size
-        self.workers = max(1, num_workers)
-
-    def _blocks(self) -> list[list[list[int]]]:
-        bounds = np.linspace(0, self.num_items, self.workers + 1).astype(np.int64)
-        return [
-            [list(range(s, min(s + self.batch_size, e))) for s in range(b, e, self.batch_size)]
-            for b, e in zip(bounds[:-1].tolist(), bounds[1:].tolist())
-        ]
-
-    def __iter__(self) -> Iterator[list[int]]:
-        blocks = self._blocks()
-        for j in range(max((len(b) for b in blocks), default=0)):
-            for block in blocks:
-                # a worker whose block is used up still takes its turn: give it an empty batch
-                yield block[j] if j < len(block) else []
-
-    def __len__(self) -> int:
-        return max((len(b) for b in self._blocks()), default=0) * self.workers
-
-
-def make_loader(
-    dataset: Dataset,
-    batch_size: int,
-    *,
-    shuffle: bool = True,
-    seed: int = 0,
-    num_workers: int = 2,
-    prefetch_factor: int = 4,
-    drop_last: bool = False,
-    sampler: Sampler | None = None,
-    start_method: str = "forkserver",
-) -> DataLoader:
-    """A DataLoader that fetches whole batches per worker call, with persistent workers.
-
-    ``shuffle`` draws a seeded permutation each epoch; ``shuffle=False`` is one in-order pass
-    sharded so each worker decodes a contiguous block (``ShardedSequentialBatches``).
-    Workers start with ``start_method`` (default forkserver, not fork: a worker forked from a
-    process whose FFmpeg, OpenMP or gloo threads hold a lock deadlocks on that lock).
-    """
-    if sampler is not None:
-        batches = BatchSampler(sampler, batch_size, drop_last)
-    elif shuffle:
-        generator = torch.Generator().manual_seed(seed)
-        random = torch.utils.data.RandomSampler(dataset, generator=generator)
-        batches = BatchSampler(random, batch_size, drop_last)
-    else:
-        batches = ShardedSequentialBatches(len(dataset), batch_size, num_workers)
-    return DataLoader(
-        dataset,
-        batch_sampler=batches,
-        collate_fn=pass_through,
-        num_workers=num_workers,
-        prefetch_factor=prefetch_factor if num_workers else None,
-        persistent_workers=num_workers > 0,
-        multiprocessing_context=start_method if num_workers else None,
-    )

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from recap.engine import accelerator
+from recap.engine.loader import batch_loader
 from recap.errors import RecapError
 
 
@@ -180,7 +181,8 @@ class StepBatchSampler:
 def train_batches(
     dataset, config: dict, seed: int, start: int, stop: int, num_workers: int = 0
 ) -> Iterator[dict]:
-    """Iterator over this rank's collated micro-batches for steps ``start..stop-1``."""
+    """Iterator over this rank's collated micro-batches for steps ``start..stop-1`` (the one
+    loader, ``recap.engine.loader.batch_loader``, with persistent workers)."""
     sampler = StepBatchSampler(
         len(dataset),
         config["train_batch_size"],
@@ -192,15 +194,12 @@ def train_batches(
         world_size(),
         use_indices=bool(getattr(dataset, "redraws_per_epoch", False)),
     )
-    collate = getattr(dataset, "collate", None) or torch.utils.data.default_collate
-    loader = torch.utils.data.DataLoader(
-        dataset,
-        batch_sampler=sampler,
-        num_workers=num_workers,
-        collate_fn=collate,
-        # not fork: a worker forked while gloo/OpenMP/FFmpeg threads hold a lock deadlocks
-        multiprocessing_context="forkserver" if num_workers else None,
-        persistent_workers=num_workers > 0,
-        generator=torch.Generator().manual_seed(seed + start),
+    return iter(
+        batch_loader(
+            dataset,
+            sampler,
+            num_workers,
+            persistent_workers=True,
+            generator=torch.Generator().manual_seed(seed + start),
+        )
     )
-    return iter(loader)

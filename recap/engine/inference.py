@@ -6,9 +6,10 @@ contiguous run of batches ``rP .. rP + P - 1`` with ``P = ceil(ceil(n / B) / W)`
 runs the same number of forward passes (ZeRO-3 needs that), reads its frames front to back (video
 decoders run forward, no seeks), and every item sees the same batch on 1 or W ranks (identical
 numerics). Stacking the ranks' rows ``[W, P B]`` rank-major gives dataset order; the padded rows
-land at positions ``>= n`` and are cut: each item is computed once and appears once. With
-``num_workers`` DataLoader workers each worker decodes its own contiguous run of the rank's
-batches. Also here: loading an exported ``model.safetensors`` without DeepSpeed.
+land at positions ``>= n`` and are cut: each item is computed once and appears once. Batches are
+fetched by the one loader, ``recap.engine.loader.batch_loader``; with ``num_workers`` DataLoader
+workers each worker decodes its own contiguous run of the rank's batches. Also here: loading an
+exported ``model.safetensors`` without DeepSpeed.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 from safetensors.torch import load_file
 
 from recap.engine import accelerator, distributed
+from recap.engine.loader import batch_loader, worker_order
 from recap.engine.protocol import ExportHooks
 from recap.errors import RecapError
 
@@ -50,60 +52,16 @@ def loss_and_metrics(model: Callable, batch: Mapping[str, Any]) -> dict[str, tor
     return {"loss": loss, **{k: v for k, v in metrics.items() if v.dim() > 0}}
 
 
-def _collate(dataset: Any) -> Callable:
-    return getattr(dataset, "collate", None) or torch.utils.data.default_collate
-
-
-def fetch_batch(dataset: Any, indices: list[int]) -> Any:
-    """One collated batch: ``dataset.__getitems__`` (a whole batch at once) when it has one."""
-    fetch = getattr(dataset, "__getitems__", None)
-    items = fetch(indices) if fetch is not None else [dataset[i] for i in indices]
-    return _collate(dataset)(items)
-
-
-class _BatchFetcher(torch.utils.data.Dataset):
-    """DataLoader view of ``dataset`` whose ``__getitems__`` returns a collated batch (``None``
-    for the empty batches that keep the workers' turns aligned)."""
-
-    def __init__(self, dataset: Any):
-        self.dataset = dataset
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitems__(self, indices: list[int]) -> Any:
-        return fetch_batch(self.dataset, list(indices)) if len(indices) else None
-
-
-def _unwrap(batch: Any) -> Any:
-    return batch
-
-
-def worker_order(num_batches: int, num_workers: int) -> list[int | None]:
-    """Batch ids in the order a DataLoader must receive them so that worker ``w`` (which gets
-    every ``num_workers``-th batch) walks its own contiguous run of batches; ``None`` is an
-    empty turn of a worker whose run is used up."""
-    bounds = [num_batches * w // num_workers for w in range(num_workers + 1)]
-    runs = [list(range(a, b)) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
-    longest = max(len(r) for r in runs)
-    return [run[j] if j < len(run) else None for j in range(longest) for run in runs]
-
-
 def _batches(dataset: Any, batches: list[list[int]], num_workers: int) -> Iterator[tuple]:
-    """``(batch id, collated batch)`` for every batch, in the main process or in workers."""
-    if num_workers <= 0:
-        for k, indices in enumerate(batches):
-            yield k, fetch_batch(dataset, indices)
-        return
+    """``(batch id, collated batch)`` for every batch, in the main process or in workers, each
+    worker walking a contiguous run of the batches (``worker_order``)."""
     order = worker_order(len(batches), num_workers)
-    loader = torch.utils.data.DataLoader(
-        _BatchFetcher(dataset),
-        batch_sampler=[[] if k is None else batches[k] for k in order],
-        collate_fn=_unwrap,
-        num_workers=num_workers,
-        multiprocessing_context="forkserver",
-    )
-    for k, batch in zip(order, loader, strict=True):
+    in_order = [[] if k is None else batches[k] for k in order]
+    # without workers the base seed goes unused: draw it from a private generator, leaving the
+    # global RNG (which an eval loss may sample from) as it was
+    private = None if num_workers > 0 else torch.Generator()
+    batches_in_order = batch_loader(dataset, in_order, num_workers, generator=private)
+    for k, batch in zip(order, batches_in_order, strict=True):
         if k is not None:
             yield k, batch
 

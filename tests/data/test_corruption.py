@@ -36,7 +36,7 @@ from recap.core.normalize import ReturnRange
 from recap.data.conditioning import dataset_labels
 from recap.data.lerobot import LocalDataset
 from recap.data.lerobot_writer import WriterConfig, write_lerobot_dataset
-from recap.data.loader import FrameDataset, make_loader
+from recap.data.loader import FrameDataset
 from recap.data.sidecars import (
     SOURCE_KEY,
     dataset_source,
@@ -51,6 +51,7 @@ from recap.data.synthetic import (
     ReachConfig,
     generate_episodes,
 )
+from recap.engine.loader import make_loader
 from recap.errors import RecapError, one_line
 from recap.steps.compute_returns import compute_returns
 from recap.steps.relabel import relabel

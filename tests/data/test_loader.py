@@ -3,7 +3,8 @@ import pytest
 import torch
 
 from recap.data.lerobot import LIBERO_KEYS, LocalDataset
-from recap.data.loader import FrameDataset, ShardedSequentialBatches, make_loader
+from recap.data.loader import FrameDataset
+from recap.engine.loader import ShardedSequentialBatches, make_loader
 from recap.errors import DatasetError
 from tests.helpers import FIXTURE_NAMES, fixture_dir
 
