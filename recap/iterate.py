@@ -38,7 +38,6 @@ import hashlib
 import json
 import os
 import re
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -686,23 +685,19 @@ def summary_lines(records: list[dict], uri: str, experiment: str) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     from recap.cli import build_parser
-    from recap.errors import one_line
-    from recap.pipeline import PipelineStepFailed
+    from recap.pipeline import exit_code
 
     parser = build_parser("Iterative RECAP: collect with the current policy, Steps 1-4 over all "
                           "data so far, K times; finished iterations are skipped.")  # fmt: skip
     parser.add_argument("--dry_run", action="store_true", help="print the plan, run nothing")
     args = parser.parse_args(argv)
-    try:
+
+    def body() -> int:
         if not args.gin_file:
             raise RecapError("--gin_file: give the loop's gin file, e.g. demo/iterate.gin")
         records, uri, settings = run_iterations(args.gin_file, args.gin_param, args.dry_run)
         if records:
             print(summary_lines(records, uri, settings.experiment), flush=True)
-    except PipelineStepFailed as exc:
-        print(f"error: {one_line(exc)}", file=sys.stderr)
-        return exc.code
-    except RecapError as exc:
-        print(f"error: {one_line(exc)}", file=sys.stderr)
-        return 2
-    return 0
+        return 0
+
+    return exit_code(body)

@@ -52,7 +52,7 @@ import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
@@ -760,6 +760,21 @@ class PipelineStepFailed(RecapError):
         self.code = code
 
 
+def exit_code(body: Callable[[], int]) -> int:
+    """Run a command's body: a failed step or a RecapError is one line on stderr and the exit
+    code (the step's own, or 2), never a traceback."""
+    from recap.errors import one_line
+
+    try:
+        return body()
+    except PipelineStepFailed as exc:
+        print(f"error: {one_line(exc)}", file=sys.stderr)
+        return exc.code
+    except RecapError as exc:
+        print(f"error: {one_line(exc)}", file=sys.stderr)
+        return 2
+
+
 def _write_json(path: Path, obj: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
@@ -912,14 +927,14 @@ def run_sweep(path: str, extra: Sequence[str], force: Sequence[str], dry: bool) 
 
 def main(argv: Sequence[str] | None = None) -> int:
     from recap.cli import build_parser
-    from recap.errors import one_line
 
     parser = build_parser("Run Steps 1-4 as one job; finished steps are skipped.")
     parser.add_argument("--force", action="append", default=[], help="rerun this stage (repeat)")
     parser.add_argument("--sweep", default=None, help="sweep YAML: one pipeline per grid point")
     parser.add_argument("--dry_run", action="store_true", help="print the plan, run nothing")
     args = parser.parse_args(argv)
-    try:
+
+    def body() -> int:
         if args.sweep:
             return run_sweep(args.sweep, args.gin_param, args.force, args.dry_run)
         if not args.gin_file:
@@ -932,10 +947,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         report = run_pipeline(config, scoped, args.force)
         uri = track(config, scoped, report)
         print(summary_table(config, report, uri), flush=True)
-    except PipelineStepFailed as exc:
-        print(f"error: {one_line(exc)}", file=sys.stderr)
-        return exc.code
-    except RecapError as exc:
-        print(f"error: {one_line(exc)}", file=sys.stderr)
-        return 2
-    return 0
+        return 0
+
+    return exit_code(body)
