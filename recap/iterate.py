@@ -36,7 +36,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import re
 import time
 from collections.abc import Sequence
@@ -54,7 +53,10 @@ from recap.pipeline import (
     plan,
     run_pipeline,
     split_params,
+    stamp,
     summary_metrics,
+    unchanged,
+    write_json,
 )
 
 MARKERS = ".iterate"
@@ -404,19 +406,7 @@ def plan_iterations(
 
 def _stamps(directory: Path) -> dict[str, list[int]]:
     """Size and modification time of every file under ``directory``."""
-    out = {}
-    for path in sorted(directory.rglob("*")):
-        if path.is_file():
-            st = path.stat()
-            out[str(path)] = [st.st_size, st.st_mtime_ns]
-    return out
-
-
-def _write_json(path: Path, obj: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    return stamp(sorted(p for p in directory.rglob("*") if p.is_file()))
 
 
 def _marker(root: Path, it: Iteration) -> Path:
@@ -428,14 +418,8 @@ def _collect_marker(root: Path, it: Iteration) -> Path:
 
 
 def _unchanged(record: dict) -> bool:
-    try:
-        outputs = record.get("outputs", {})
-        return bool(outputs) and all(
-            Path(p).is_file() and [Path(p).stat().st_size, Path(p).stat().st_mtime_ns] == v
-            for p, v in outputs.items()
-        )
-    except OSError:
-        return False
+    outputs = record.get("outputs", {})
+    return bool(outputs) and unchanged(outputs)
 
 
 def collected(root: Path, it: Iteration) -> dict | None:
@@ -459,7 +443,7 @@ def collected(root: Path, it: Iteration) -> dict | None:
         raise RecapError(f"{it.out}: exists but is no finished collection of iteration {it.k} "
                          "(no matching meta/recap_collect.json); remove it and rerun")  # fmt: skip
     record = {"summary": saved, "outputs": _stamps(it.out)}  # written, then interrupted: adopt
-    _write_json(marker, record)
+    write_json(marker, record)
     return record
 
 
@@ -591,7 +575,7 @@ def run_iterations(
                   f"{it.source.run_dir} -> {it.out}", flush=True)  # fmt: skip
             collection = collect_rollouts(it, settings)
             collection["outputs"] = _stamps(it.out)
-            _write_json(_collect_marker(root, it), collection)
+            write_json(_collect_marker(root, it), collection)
             status = "ran"
         else:
             print(f"==== iteration {it.k}/{total}: collection {it.out} finished before, skipped",
@@ -619,8 +603,8 @@ def run_iterations(
             "wall_s": round(time.perf_counter() - start_time, 1),
             "outputs": collection["outputs"],
         }
-        _write_json(run_dir / "summary.json", record)
-        _write_json(_marker(root, it), record)
+        write_json(run_dir / "summary.json", record)
+        write_json(_marker(root, it), record)
         records.append({**record, "status": "ran"})
     return records, uri, settings
 

@@ -614,12 +614,21 @@ def _marker(root: Path, item: Planned) -> Path:
     return root / MARKERS / f"{item.stage.name}-{item.fingerprint}.json"
 
 
-def _stamp(paths: list[Path]) -> dict[str, list[int]]:
+def stamp(paths: list[Path]) -> dict[str, list[int]]:
+    """Size and modification time (ns) of each file, keyed by its path."""
     out = {}
     for path in paths:
         st = path.stat()
         out[str(path)] = [st.st_size, st.st_mtime_ns]
     return out
+
+
+def unchanged(outputs: dict[str, list[int]]) -> bool:
+    """Whether every file ``stamp`` recorded in ``outputs`` is still there as it was."""
+    try:
+        return stamp([Path(p) for p in outputs]) == outputs
+    except OSError:
+        return False
 
 
 def finished(root: Path, item: Planned) -> dict | None:
@@ -628,12 +637,7 @@ def finished(root: Path, item: Planned) -> dict | None:
     if not marker.is_file():
         return None
     record = json.loads(marker.read_text())
-    try:
-        if _stamp([Path(p) for p in record.get("outputs", {})]) != record.get("outputs", {}):
-            return None
-    except OSError:
-        return None
-    return record
+    return record if unchanged(record.get("outputs", {})) else None
 
 
 def command(item: Planned, config: PipelineConfig) -> tuple[list[str], dict[str, str]]:
@@ -744,9 +748,9 @@ def run_pipeline(
             "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "params": item.params,
             "result": result_of(item),
-            "outputs": _stamp(item.outputs),
+            "outputs": stamp(item.outputs),
         }
-        _write_json(_marker(root, item), record)
+        write_json(_marker(root, item), record)
         report[name] = {**record, "status": "ran"}
     return report
 
@@ -775,7 +779,8 @@ def exit_code(body: Callable[[], int]) -> int:
         return 2
 
 
-def _write_json(path: Path, obj: dict) -> None:
+def write_json(path: Path, obj: dict) -> None:
+    """``obj`` as indented, key-sorted JSON at ``path``, replaced atomically."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
@@ -847,7 +852,7 @@ def track(config: PipelineConfig, scoped: dict[str, list[str]], report: dict[str
     tracker.log_metrics(summary_metrics(report), 0)
     tracker.log_dict(report, "pipeline_report.json")
     tracker.finish()
-    _write_json(run_dir / "summary.json", {"name": config.name, "stages": report})
+    write_json(run_dir / "summary.json", {"name": config.name, "stages": report})
     return tracker.uri
 
 
