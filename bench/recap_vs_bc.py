@@ -15,6 +15,15 @@ episodes (layouts from `evaluate_policy.seed`, paired episode by episode):
 - ``lora``: the same fine-tune with LoRA adapters (``demo/lora.gin``, through peft), beta 1 and 2.
   With both, the table adds lora - ft per beta (paired bootstrap, as against BC).
 
+The real recipe's shape (a policy first trained on the demonstrations, then fine-tuned on
+demonstrations + rollouts), each fine-tune ``--finetune-steps`` steps from the seed's ``bcsft`` run
+with ``demo/finetune.gin`` (the base's normalization, lr 3e-4 cosine):
+
+- ``bcsft``: behaviour cloning on the expert demonstrations only (the base; compared with ``bc``);
+- ``sft_bc``: the base fine-tuned with plain BC on every frame (compared with ``bcsft``);
+- ``sft_recap``: the base fine-tuned with RECAP's labels (compared with ``sft_bc``), beta 1 and 2;
+- ``sft_oracle``: the same with the oracle labels (compared with ``sft_bc``).
+
 The seed is ``train.seed`` (model init, data order, and through ``policy_data.seed``'s default the
 label dropout and mixture). Per arm and seed the success rate; per comparison with BC the mean
 difference and its 95% interval from a paired two-level bootstrap (seeds, then episodes:
@@ -23,14 +32,17 @@ action distance positive vs plain / negative prompt, against two noises of one p
 the per-seed results and the table go to MLflow (experiment ``bench``). Finished runs are reused
 (each run directory keeps its ``closed_loop.json``), so an interrupted benchmark continues; ``ft``
 and ``lora`` reuse the ``bc`` runs of the same ``--work``/``--steps`` (``runs/bc_s{seed}_{steps}``)
-and write ``runs/{arm}_s{seed}_bc{steps}_ft{finetune_steps}``. Each record also carries its run's
-trainable parameter count and training wall time (``bench_train.json`` in the run directory; for a
-run this script did not time, MLflow's start-to-end time of the training run).
+and write ``runs/{arm}_s{seed}_bc{steps}_ft{finetune_steps}`` (the ``sft_`` arms: ``bcsft``'s
+runs, ``runs/{arm}_s{seed}_bcsft{steps}_ft{finetune_steps}``); an arm's base and baseline arms
+are run too. Each record also carries its run's trainable parameter count and training wall time
+(``bench_train.json`` in the run directory; for a run this script did not time, MLflow's
+start-to-end time of the training run).
 
     python bench/recap_vs_bc.py                         # 3 seeds x 200 episodes, 4,000 steps
     python bench/recap_vs_bc.py --seeds 0 1 2 3 4 --episodes 300
     python bench/recap_vs_bc.py --quick                 # the machinery on a tiny budget
     python bench/recap_vs_bc.py --arms bc recap ft lora --finetune-steps 1000   # LoRA vs full FT
+    python bench/recap_vs_bc.py --arms sft_recap sft_oracle     # from the expert-only BC policy
 
 Cost on 2 CPU cores: ~8 min per policy training at 4,000 steps (2 ranks), so the default
 (4 arms x 3 seeds) is ~1.6 h plus the evaluations; ``--arms bc recap`` halves it.
@@ -51,6 +63,7 @@ import numpy as np
 from recap.core.bootstrap import paired_bootstrap, rate_interval
 from recap.engine.distributed import free_port
 
+SFT_ONLY = '{"name": "sft", "root": "sft", "type": "sft"}'
 ARMS = {
     "bc": (["demo/policy_bc.gin"], []),
     "recap": (["demo/policy.gin"], []),
@@ -58,9 +71,19 @@ ARMS = {
     "filtered": (["demo/policy.gin"], ['policy_data.conditioning = "filtered"']),
     "ft": (["demo/finetune.gin"], []),  # from the seed's bc run (BASE_POLICY, bound per seed)
     "lora": (["demo/lora.gin"], []),
+    # The real recipe's shape: a policy trained on the expert demonstrations only, then fine-tuned
+    # on demonstrations + rollouts with plain BC, with RECAP's labels, with oracle labels.
+    "bcsft": (["demo/policy_bc.gin"], [f"policy_data.datasets = [{SFT_ONLY}]"]),
+    "sft_bc": (["demo/finetune.gin"], ['policy_data.conditioning = "none"']),
+    "sft_recap": (["demo/finetune.gin"], []),
+    "sft_oracle": (["demo/finetune.gin"], ['policy_data.advantages_tag = "oracle"']),
 }
-CONDITIONED = ("recap", "oracle", "ft", "lora")
-FINETUNED = ("ft", "lora")  # start from the bc run of the same seed, trained first
+CONDITIONED = ("recap", "oracle", "ft", "lora", "sft_recap", "sft_oracle")
+# Fine-tuned arms and the arm whose run of the same seed they start from (trained first).
+FINETUNED = {"ft": "bc", "lora": "bc", "sft_bc": "bcsft", "sft_recap": "bcsft",
+             "sft_oracle": "bcsft"}  # fmt: skip
+# What each arm is compared with (paired, same seeds and episodes); every other arm: bc.
+BASELINE = {"sft_bc": "bcsft", "sft_recap": "sft_bc", "sft_oracle": "sft_bc"}
 TARGET = "RECAP(beta=1) - BC >= 15 points, 95% CI excluding 0, >= 3 seeds x >= 200 episodes"
 DATASETS = ("sft", "rollout")
 
@@ -131,7 +154,7 @@ def write_oracle(data: Path) -> None:
 def arm_run_dir(arm: str, seed: int, args) -> str:
     """The run directory (relative to ``--work``) of ``arm`` trained with ``seed``."""
     if arm in FINETUNED:
-        return f"runs/{arm}_s{seed}_bc{args.steps}_ft{args.finetune_steps}"
+        return f"runs/{arm}_s{seed}_{FINETUNED[arm]}{args.steps}_ft{args.finetune_steps}"
     return f"runs/{arm}_s{seed}_{args.steps}"
 
 
@@ -202,10 +225,11 @@ def train_and_evaluate(work: Path, arm: str, seed: int, args, log: Path) -> dict
               f"train.max_steps = {steps}", "deepspeed_config.zero_stage = 1",
               f"train.save_every = {steps}"]  # fmt: skip
     if arm in FINETUNED:
-        base = arm_run_dir("bc", seed, args)
+        base = arm_run_dir(FINETUNED[arm], seed, args)
         if not (work / base / "model.safetensors").is_file():
             sys.exit(f"error: {arm} seed {seed} starts from {work / base}, which holds no "
-                     "model.safetensors; train the bc arm first (--arms bc ...)")  # fmt: skip
+                     f"model.safetensors; train the {FINETUNED[arm]} arm first "
+                     f"(--arms {FINETUNED[arm]} ...)")  # fmt: skip
         params.append(f'BASE_POLICY = "{base}"')
     if arm == "lora":
         params.append(f"LoraOptions.seed = {seed}")  # the adapters' init varies with the seed too
@@ -241,24 +265,24 @@ def summarize(records: dict, args) -> tuple[list[str], dict]:
     """The table's lines and the figures (rates, differences with intervals, probes; with both
     ``ft`` and ``lora``, lora - ft per beta; each arm's training cost)."""
     seeds = list(args.seeds)
-    bc = outcomes(records, "bc", 1.0, seeds)
-    arms = [("bc", 1.0)] + [(a, b) for a in args.arms if a in CONDITIONED for b in args.betas]
-    arms += [("filtered", 1.0)] if "filtered" in args.arms else []
-    lines = ["arm            | " + " | ".join(f"seed {s}" for s in seeds)
-             + " | mean  | 95% interval   | vs BC (95% interval)"]  # fmt: skip
+    arms = [(a, b) for a in args.arms for b in (args.betas if a in CONDITIONED else [1.0])]
+    lines = ["arm              | " + " | ".join(f"seed {s}" for s in seeds)
+             + " | mean  | 95% interval   | vs baseline (95% interval)"]  # fmt: skip
     figures: dict = {"arms": {}}
     for arm, beta in arms:
         won = outcomes(records, arm, beta, seeds)
         rate = rate_interval(won)
         name = f"{arm} b={beta:g}"
-        row = f"{name:<14} | " + " | ".join(f"{r:6.3f}" for r in won.mean(1))
+        row = f"{name:<16} | " + " | ".join(f"{r:6.3f}" for r in won.mean(1))
         row += f" | {rate.mean:.3f} | [{rate.low:.3f}, {rate.high:.3f}]"
         entry = {"per_seed": won.mean(1).tolist(), "mean": rate.mean,
                  "interval": [rate.low, rate.high]}  # fmt: skip
         if arm != "bc":
-            diff = paired_bootstrap(won, bc)
-            row += f" | {diff.mean:+.3f} [{diff.low:+.3f}, {diff.high:+.3f}]"
-            entry["vs_bc"] = {"mean": diff.mean, "interval": [diff.low, diff.high]}
+            baseline = BASELINE.get(arm, "bc")
+            diff = paired_bootstrap(won, outcomes(records, baseline, 1.0, seeds))
+            row += f" | {diff.mean:+.3f} [{diff.low:+.3f}, {diff.high:+.3f}] vs {baseline}"
+            entry["vs"] = {"baseline": baseline, "mean": diff.mean,
+                           "interval": [diff.low, diff.high]}  # fmt: skip
         lines.append(row)
         figures["arms"][name] = entry
     if "ft" in args.arms and "lora" in args.arms:
@@ -268,7 +292,7 @@ def summarize(records: dict, args) -> tuple[list[str], dict]:
             diff = paired_bootstrap(lora, ft)
             name = f"lora-ft b={beta:g}"
             per_seed = lora.mean(1) - ft.mean(1)
-            lines.append(f"{name:<14} | " + " | ".join(f"{d:+6.3f}" for d in per_seed)
+            lines.append(f"{name:<16} | " + " | ".join(f"{d:+6.3f}" for d in per_seed)
                          + f" | {diff.mean:+.3f} | [{diff.low:+.3f}, {diff.high:+.3f}] | "
                          "(paired: lora - ft)")  # fmt: skip
             figures["lora_vs_ft"][f"b={beta:g}"] = {
@@ -295,33 +319,56 @@ def summarize(records: dict, args) -> tuple[list[str], dict]:
     return lines, figures
 
 
-def result_line(figures: dict, args, wall_s: float) -> str:
-    """The one ``RESULT:`` line: the validity target's figures (RECAP b=1 vs BC), oracle's and,
-    with both fine-tunes, lora - ft at beta 1."""
-    bc = figures["arms"]["bc b=1"]
-    fields = [f"seeds={len(args.seeds)}", f"episodes={args.episodes}", f"steps={args.steps}",
-              f"bc={bc['mean']:.3f}"]  # fmt: skip
-    met = False
-    if "recap b=1" in figures["arms"]:
-        recap = figures["arms"]["recap b=1"]
-        diff = recap["vs_bc"]
+def recipe_fields(figures: dict, args, prefix: str) -> tuple[list[str], bool | None]:
+    """The target's figures for one recipe (``prefix`` "": from scratch, RECAP vs BC; "sft_":
+    fine-tuned from the expert-only BC policy, RECAP vs continued BC): its fields for the RESULT
+    line and whether it meets the target (None when its arms were not run)."""
+    arms, bc_name = figures["arms"], f"{prefix}bc b=1"
+    if bc_name not in arms:
+        return [], None
+    bc = arms[bc_name]
+    fields, met = [f"{prefix}bc={bc['mean']:.3f}"], None
+    if f"{prefix}recap b=1" in arms:
+        recap = arms[f"{prefix}recap b=1"]
+        diff = recap["vs"]
+        low, high = diff["interval"]
         met = (diff["mean"] >= 0.15 and diff["interval"][0] > 0 and len(args.seeds) >= 3
                and args.episodes >= 200)  # fmt: skip
-        fields += [f"recap_b1={recap['mean']:.3f}",
-                   f"recap_over_bc={recap['mean'] / max(bc['mean'], 1e-9):.2f}",
-                   f"recap_b1_minus_bc={diff['mean']:+.3f}",
-                   f"ci=[{diff['interval'][0]:+.3f},{diff['interval'][1]:+.3f}]"]  # fmt: skip
-    if "oracle b=1" in figures["arms"]:
-        oracle = figures["arms"]["oracle b=1"]["vs_bc"]
+        fields += [f"{prefix}recap_b1={recap['mean']:.3f}",
+                   f"{prefix}recap_over_bc={recap['mean'] / max(bc['mean'], 1e-9):.2f}",
+                   f"{prefix}recap_b1_minus_bc={diff['mean']:+.3f}",
+                   f"{prefix}ci=[{low:+.3f},{high:+.3f}]"]  # fmt: skip
+    if f"{prefix}oracle b=1" in arms:
+        oracle = arms[f"{prefix}oracle b=1"]["vs"]
         low, high = oracle["interval"]
         fields += [
-            f"oracle_b1_minus_bc={oracle['mean']:+.3f}",
-            f"oracle_ci=[{low:+.3f},{high:+.3f}]",
+            f"{prefix}oracle_b1_minus_bc={oracle['mean']:+.3f}",
+            f"{prefix}oracle_ci=[{low:+.3f},{high:+.3f}]",
         ]
+    return fields, met
+
+
+def result_line(figures: dict, args, wall_s: float) -> str:
+    """The one ``RESULT:`` line: the validity target's figures (RECAP b=1 vs BC, oracle's) for
+    each recipe run (from scratch; ``sft_``: from the expert-only BC policy, with its base's rate),
+    with both fine-tunes lora - ft at beta 1; ``met`` when a recipe meets the target."""
+    fields = [f"seeds={len(args.seeds)}", f"episodes={args.episodes}", f"steps={args.steps}"]
+    scratch, met_scratch = recipe_fields(figures, args, "")
+    fields += scratch
+    if any(name.split(" ")[0] in FINETUNED for name in figures["arms"]):
+        fields.append(f"finetune_steps={args.finetune_steps}")
+    if "bcsft b=1" in figures["arms"]:
+        fields.append(f"sft_base={figures['arms']['bcsft b=1']['mean']:.3f}")
+    sft, met_sft = recipe_fields(figures, args, "sft_")
+    fields += sft
+    met = bool(met_scratch) or bool(met_sft)
+    if met_sft is not None:
+        fields += [f"met_scratch={'yes' if met_scratch else 'no'}",
+                   f"met_sft={'yes' if met_sft else 'no'}"]  # fmt: skip
     if "b=1" in figures.get("lora_vs_ft", {}):
         ft, lora = figures["arms"]["ft b=1"], figures["arms"]["lora b=1"]
         diff = figures["lora_vs_ft"]["b=1"]
-        fields += [f"finetune_steps={args.finetune_steps}", f"ft_b1={ft['mean']:.3f}",
+        fields += [f"ft_b1={ft['mean']:.3f}",
                    f"lora_b1={lora['mean']:.3f}", f"lora_minus_ft={diff['mean']:+.3f}",
                    f"lora_ci=[{diff['interval'][0]:+.3f},{diff['interval'][1]:+.3f}]"]  # fmt: skip
     fields += [f"wall_s={wall_s:.0f}", f'target="{TARGET}"', f"met={'yes' if met else 'no'}"]
@@ -366,9 +413,10 @@ def track(figures: dict, lines: list[str], png: Path, args, work: Path) -> None:
     for name, entry in figures["arms"].items():
         key = name.replace(" ", "_").replace("=", "")
         metrics[f"{key}/mean"] = entry["mean"]
-        if "vs_bc" in entry:
-            metrics[f"{key}/vs_bc"] = entry["vs_bc"]["mean"]
-            metrics[f"{key}/vs_bc_low"], metrics[f"{key}/vs_bc_high"] = entry["vs_bc"]["interval"]
+        if "vs" in entry:
+            metrics[f"{key}/vs_baseline"] = entry["vs"]["mean"]
+            low, high = entry["vs"]["interval"]
+            metrics[f"{key}/vs_baseline_low"], metrics[f"{key}/vs_baseline_high"] = low, high
     for beta, entry in figures.get("lora_vs_ft", {}).items():
         key = f"lora_minus_ft_{beta.replace('=', '')}"
         metrics[key] = entry["mean"]
@@ -378,6 +426,17 @@ def track(figures: dict, lines: list[str], png: Path, args, work: Path) -> None:
     tracker.log_dict(figures, "recap_vs_bc.json")
     tracker.log_png(png)
     tracker.finish()
+
+
+def arms_with_dependencies(arms: list[str]) -> list[str]:
+    """``arms`` with bc (the reference), each fine-tuned arm's base and each arm's baseline, in
+    ARMS order: bases before the arms that start from them."""
+    wanted, grown = {"bc", *arms}, set()
+    while grown != wanted:
+        grown = set(wanted)
+        wanted |= {FINETUNED[a] for a in grown if a in FINETUNED}
+        wanted |= {BASELINE[a] for a in grown if a in BASELINE}
+    return [a for a in ARMS if a in wanted]
 
 
 def main() -> None:
@@ -402,7 +461,7 @@ def main() -> None:
     if args.quick:
         args.seeds, args.episodes, args.steps, args.value_steps = [0, 1], 8, 20, 20
         args.finetune_steps = 10
-    args.arms = [a for a in ARMS if a in args.arms or a == "bc"]  # bc first: ft/lora start from it
+    args.arms = arms_with_dependencies(args.arms)
     work = Path(args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
     os.chdir(work)  # the demo gin files read demo_data/ and write runs/ relative to here

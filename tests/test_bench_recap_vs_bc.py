@@ -26,8 +26,13 @@ OUTCOMES = {
     "recap": [[1, 0, 1, 0], [1, 1, 0, 0]],  # 0.5
     "ft": [[1, 0, 1, 0], [0, 1, 1, 0]],  # 0.5
     "lora": [[1, 1, 1, 0], [1, 1, 1, 1]],  # 0.875: lora - ft = +0.25 (seed 0), +0.5 (seed 1)
+    "bcsft": [[1, 1, 1, 1], [1, 1, 1, 0]],  # 0.875
+    "sft_bc": [[0, 1, 0, 1], [1, 0, 0, 0]],  # 0.375
+    "sft_recap": [[1, 1, 1, 1], [1, 1, 0, 1]],  # 0.875: +0.5 over sft_bc
+    "sft_oracle": [[1, 1, 1, 1], [1, 1, 1, 1]],  # 1.0: +0.625 over sft_bc
 }
 TRAINABLE = {"bc": 295904, "recap": 295904, "ft": 295904, "lora": 126304}
+TRAINABLE |= {arm: 295904 for arm in ("bcsft", "sft_bc", "sft_recap", "sft_oracle")}
 
 
 def records(arms: list[str]) -> dict:
@@ -54,8 +59,8 @@ def test_lora_minus_ft_rows_and_result_fields(bench):
     diff = figures["lora_vs_ft"]["b=1"]
     assert diff["per_seed"] == [0.25, 0.5] and diff["mean"] == pytest.approx(0.375)
     assert diff["interval"][0] <= 0.375 <= diff["interval"][1]
-    assert figures["arms"]["ft b=1"]["vs_bc"]["mean"] == pytest.approx(0.25)
-    assert figures["arms"]["lora b=1"]["vs_bc"]["mean"] == pytest.approx(0.625)
+    assert figures["arms"]["ft b=1"]["vs"]["mean"] == pytest.approx(0.25)
+    assert figures["arms"]["lora b=1"]["vs"]["mean"] == pytest.approx(0.625)
     assert "training ft: 295,904 trainable parameters, 15 s mean over 2 seeds" in lines
     assert "training lora: 126,304 trainable parameters, 15 s mean over 2 seeds" in lines
     assert figures["training"]["lora"]["train_s"] == [10.0, 20.0]
@@ -84,3 +89,31 @@ def test_fine_tunes_start_from_the_bc_run_of_their_seed(bench):
     assert bench.arm_run_dir("bc", 2, a) == "runs/bc_s2_3000"  # the validity bench's naming
     assert bench.arm_run_dir("lora", 2, a) == "runs/lora_s2_bc3000_ft1000"
     assert list(bench.ARMS).index("bc") < list(bench.ARMS).index("ft")
+
+
+def test_the_expert_first_recipe_compares_each_fine_tune_with_its_own_baseline(bench):
+    arms = ["bc", "bcsft", "sft_bc", "sft_recap", "sft_oracle"]
+    lines, figures = bench.summarize(records(arms), args(arms))
+    vs = {name: (entry["vs"]["baseline"], entry["vs"]["mean"])
+          for name, entry in figures["arms"].items() if "vs" in entry}  # fmt: skip
+    assert vs == {"bcsft b=1": ("bc", pytest.approx(0.625)),
+                  "sft_bc b=1": ("bcsft", pytest.approx(-0.5)),
+                  "sft_recap b=1": ("sft_bc", pytest.approx(0.5)),
+                  "sft_oracle b=1": ("sft_bc", pytest.approx(0.625))}  # fmt: skip
+    assert lines[4].startswith("sft_recap b=1    |  1.000 |  0.750 | 0.875 | [")
+    assert lines[4].endswith(" vs sft_bc")
+    result = bench.result_line(figures, args(arms), 7.0)
+    assert result.startswith(
+        "RESULT: seeds=2 episodes=4 steps=20 bc=0.250 finetune_steps=10 sft_base=0.875 "
+        "sft_bc=0.375 sft_recap_b1=0.875 sft_recap_over_bc=2.33 sft_recap_b1_minus_bc=+0.500 "
+        "sft_ci=["
+    )
+    assert "sft_oracle_b1_minus_bc=+0.625" in result
+    # two seeds x four episodes cannot meet the target whatever the margin
+    assert result.endswith(f'met_scratch=no met_sft=no wall_s=7 target="{bench.TARGET}" met=no')
+
+
+def test_asking_for_a_fine_tune_runs_its_base_and_baseline_first(bench):
+    wanted = bench.arms_with_dependencies(["sft_oracle"])
+    assert wanted == ["bc", "bcsft", "sft_bc", "sft_oracle"]
+    assert bench.arms_with_dependencies(["lora"]) == ["bc", "lora"]
