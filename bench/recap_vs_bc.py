@@ -22,7 +22,9 @@ with ``demo/finetune.gin`` (the base's normalization, lr 3e-4 cosine):
 - ``bcsft``: behaviour cloning on the expert demonstrations only (the base; compared with ``bc``);
 - ``sft_bc``: the base fine-tuned with plain BC on every frame (compared with ``bcsft``);
 - ``sft_recap``: the base fine-tuned with RECAP's labels (compared with ``sft_bc``), beta 1 and 2;
-- ``sft_oracle``: the same with the oracle labels (compared with ``sft_bc``).
+- ``sft_oracle``: the same with the oracle labels (compared with ``sft_bc``);
+- ``sft_filtered``: the base fine-tuned with BC on the oracle-positive frames only (the frames of
+  successful episodes; compared with ``sft_bc``): whether the positive mode itself is good data.
 
 The seed is ``train.seed`` (model init, data order, and through ``policy_data.seed``'s default the
 label dropout and mixture). Per arm and seed the success rate; per comparison with BC the mean
@@ -77,13 +79,18 @@ ARMS = {
     "sft_bc": (["demo/finetune.gin"], ['policy_data.conditioning = "none"']),
     "sft_recap": (["demo/finetune.gin"], []),
     "sft_oracle": (["demo/finetune.gin"], ['policy_data.advantages_tag = "oracle"']),
+    "sft_filtered": (
+        ["demo/finetune.gin"],
+        ['policy_data.advantages_tag = "oracle"', 'policy_data.conditioning = "filtered"'],
+    ),
 }
 CONDITIONED = ("recap", "oracle", "ft", "lora", "sft_recap", "sft_oracle")
 # Fine-tuned arms and the arm whose run of the same seed they start from (trained first).
 FINETUNED = {"ft": "bc", "lora": "bc", "sft_bc": "bcsft", "sft_recap": "bcsft",
-             "sft_oracle": "bcsft"}  # fmt: skip
+             "sft_oracle": "bcsft", "sft_filtered": "bcsft"}  # fmt: skip
 # What each arm is compared with (paired, same seeds and episodes); every other arm: bc.
-BASELINE = {"sft_bc": "bcsft", "sft_recap": "sft_bc", "sft_oracle": "sft_bc"}
+BASELINE = {"sft_bc": "bcsft", "sft_recap": "sft_bc", "sft_oracle": "sft_bc",
+            "sft_filtered": "sft_bc"}  # fmt: skip
 TARGET = "RECAP(beta=1) - BC >= 15 points, 95% CI excluding 0, >= 3 seeds x >= 200 episodes"
 DATASETS = ("sft", "rollout")
 
