@@ -45,6 +45,7 @@ from types import SimpleNamespace
 
 import gin
 
+from recap import logs
 from recap.errors import RecapError
 from recap.pipeline import (
     PipelineConfig,
@@ -59,6 +60,7 @@ from recap.pipeline import (
     write_json,
 )
 
+log = logs.get(__name__)
 MARKERS = ".iterate"
 # step -> the configurable whose ``datasets`` (and ``data_root``) it reads
 DATASETS_OF = {
@@ -555,7 +557,7 @@ def run_iterations(
         _print_plan(root, settings, boot, boot_plan, iterations)
         return [], "", settings
     if boot is not None:
-        print(f"==== iteration 0: policy 0, the baseline ({Path(start.run_dir).name})", flush=True)
+        log.info(f"==== iteration 0: policy 0, the baseline ({Path(start.run_dir).name})")
         run_pipeline(boot, scoped, planned=boot_plan)
     from recap.engine.tracking import Tracker
 
@@ -564,29 +566,32 @@ def run_iterations(
     for it in iterations:
         record = finished_iteration(root, it)
         if record is not None:
-            print(f"==== iteration {it.k}/{total} ({it.key[:12]}): finished before, skipped",
-                  flush=True)  # fmt: skip
+            log.info(f"==== iteration {it.k}/{total} ({it.key[:12]}): finished before, skipped")
             records.append({**record, "status": "skipped"})
             continue
         start_time = time.perf_counter()
         collection = collected(root, it)
         if collection is None:
-            print(f"==== iteration {it.k}/{total}: collect {settings.episodes} episodes with "
-                  f"{it.source.run_dir} -> {it.out}", flush=True)  # fmt: skip
+            log.info(
+                f"==== iteration {it.k}/{total}: collect {settings.episodes} episodes with "
+                f"{it.source.run_dir} -> {it.out}"
+            )
             collection = collect_rollouts(it, settings)
             collection["outputs"] = _stamps(it.out)
             write_json(_collect_marker(root, it), collection)
             status = "ran"
         else:
-            print(f"==== iteration {it.k}/{total}: collection {it.out} finished before, skipped",
-                  flush=True)  # fmt: skip
+            log.info(f"==== iteration {it.k}/{total}: collection {it.out} finished before, skipped")
             status = "skipped"
         c = collection["summary"]
-        print(f"{it.out}: {c.get('episodes')} episodes, {c.get('successes')} successes, "
-              f"{c.get('frames')} frames, {c.get('corrections')} corrected frames",
-              flush=True)  # fmt: skip
-        print(f"==== iteration {it.k}/{total}: Steps 1-4 over {it.datasets.get('policy')} "
-              f"datasets ({it.config.name})", flush=True)  # fmt: skip
+        log.info(
+            f"{it.out}: {c.get('episodes')} episodes, {c.get('successes')} successes, "
+            f"{c.get('frames')} frames, {c.get('corrections')} corrected frames"
+        )
+        log.info(
+            f"==== iteration {it.k}/{total}: Steps 1-4 over {it.datasets.get('policy')} "
+            f"datasets ({it.config.name})"
+        )
         report = run_pipeline(it.config, it.scoped, planned=it.planned)
         run_dir = root / f"iter{it.k}" / it.key[:12]
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -681,7 +686,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise RecapError("--gin_file: give the loop's gin file, e.g. demo/iterate.gin")
         records, uri, settings = run_iterations(args.gin_file, args.gin_param, args.dry_run)
         if records:
-            print(summary_lines(records, uri, settings.experiment), flush=True)
+            log.info(summary_lines(records, uri, settings.experiment))
         return 0
 
     return exit_code(body)

@@ -61,10 +61,12 @@ import gin
 import numpy as np
 import pyarrow.parquet as pq
 
+from recap import logs
 from recap.cli import parse_gin
 from recap.config_check import bound, check_required, macros_read
 from recap.errors import RecapError
 
+log = logs.get(__name__)
 MARKERS = ".pipeline"
 MULTINODE_LAUNCHERS = ("pdsh", "openmpi", "mvapich", "slurm", "impi")  # deepspeed --launcher
 _TRAIN, _EVALUATE = "recap.commands.train", "recap.commands.evaluate_policy"
@@ -728,11 +730,11 @@ def run_pipeline(
         record = skips[name]
         where = item.run_dir if item.run_dir is not None else root
         if record is not None:
-            print(f"== [{index}/{total}] {name} ({item.short}): finished before, skipped")
+            log.info(f"== [{index}/{total}] {name} ({item.short}): finished before, skipped")
             report[name] = {**record, "status": "skipped"}
             continue
         argv, env = command(item, config)
-        print(f"== [{index}/{total}] {name} ({item.short}): {shlex.join(argv)}", flush=True)
+        log.info(f"== [{index}/{total}] {name} ({item.short}): {shlex.join(argv)}")
         if item.run_dir is not None and not item.stage.evaluation:
             item.run_dir.mkdir(parents=True, exist_ok=True)
         start = time.perf_counter()
@@ -910,23 +912,25 @@ def run_sweep(path: str, extra: Sequence[str], force: Sequence[str], dry: bool) 
         runs.append((name, label(point), config, scoped, plan(config, scoped)))
     rows = []
     for name, text, config, scoped, planned in runs:
-        print(f"==== sweep {spec['name']}: {name} {text}", flush=True)
+        log.info(f"==== sweep {spec['name']}: {name} {text}")
         if dry:
             dry_run(config, scoped, force, planned)
             continue
         report = run_pipeline(config, scoped, force, planned)
         uri = track(config, scoped, report)
-        print(summary_table(config, report, uri), flush=True)
+        log.info(summary_table(config, report, uri))
         rows.append((name, text, summary_metrics(report)))
     if rows:
         keys = [k for k in rows[0][2] if not k.startswith("wall_s/")]
-        print(f"sweep {spec['name']}: " + " | ".join(["point", "bindings", *keys]))
+        log.info(f"sweep {spec['name']}: " + " | ".join(["point", "bindings", *keys]))
         for name, text, metrics in rows:
             values = [f"{metrics[k]:.3f}" if k in metrics else "-" for k in keys]
-            print(" | ".join([name, text, *values]))
+            log.info(" | ".join([name, text, *values]))
         experiment = runs[0][2].experiment
-        print(f"compare: mlflow ui --backend-store-uri {uri}  (experiment {experiment!r}, "
-              f"filter tags.recap.sweep = '{spec['name']}')")  # fmt: skip
+        log.info(
+            f"compare: mlflow ui --backend-store-uri {uri}  (experiment {experiment!r}, "
+            f"filter tags.recap.sweep = '{spec['name']}')"
+        )
     return 0
 
 
@@ -951,7 +955,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         report = run_pipeline(config, scoped, args.force)
         uri = track(config, scoped, report)
-        print(summary_table(config, report, uri), flush=True)
+        log.info(summary_table(config, report, uri))
         return 0
 
     return exit_code(body)

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 import recap.steps.train  # noqa: F401  (registers train, policy_data and pi05_policy with gin)
+from recap import logs
 from recap.data.conditioning import normalize_quantile, unnormalize_quantile
 from recap.data.policy_data import PLAIN, PolicyDataset, describe_stats, policy_data, run_stats
 from recap.data.sidecars import write_atomic
@@ -49,6 +50,7 @@ from recap.engine.inference import load_exported
 from recap.errors import RecapError
 from recap.models.pi05 import Pi05Policy, pi05_policy
 
+log = logs.get(__name__)
 RESULTS_FILE = "closed_loop.json"
 
 
@@ -131,8 +133,9 @@ def load_run(
     stats, path = run_stats(run)
     if stats is not None:
         data.stats = {name: stats[name].first(len(data.stats[name])) for name in data.stats}
-    print(describe_stats(data.stats, str(path) if path else "policy_data (the run exported "
-                         "none)"), flush=True)  # fmt: skip
+    log.info(
+        describe_stats(data.stats, str(path) if path else "policy_data (the run exported none)")
+    )
     data.check_model(model)
     return model, data, run
 
@@ -176,16 +179,17 @@ def evaluate_policy(
         results[key], outcomes[key] = float(won.mean()) if num_episodes else 0.0, won
         headings[key] = round(float(np.mean(steps)), 6) if steps else 0.0
         seconds = time.perf_counter() - start
-        print(f"{run.name}: beta {float(beta):g}: success {results[key]:.3f} over "
-              f"{num_episodes} episodes, heading {headings[key]:.3f} ({seconds:.0f} s)",
-              flush=True)  # fmt: skip
+        log.info(
+            f"{run.name}: beta {float(beta):g}: success {results[key]:.3f} over "
+            f"{num_episodes} episodes, heading {headings[key]:.3f} ({seconds:.0f} s)"
+        )
     record = {"conditioning": data.conditioning, "num_episodes": num_episodes, "seed": seed,
               "guidance": guidance, "success": results, "heading": headings,
               "outcomes": {k: v.astype(int).tolist() for k, v in outcomes.items()}}  # fmt: skip
     if data.conditioning not in PLAIN:
         record["sensitivity"] = conditioning_sensitivity(model, data, seed, num_steps, noise_seed,
                                                          config=config)  # fmt: skip
-        print(f"{run.name}: conditioning sensitivity {record['sensitivity']}", flush=True)
+        log.info(f"{run.name}: conditioning sensitivity {record['sensitivity']}")
     write_atomic({run / RESULTS_FILE: lambda p: p.write_text(json.dumps(record, indent=2) + "\n")})
     return results
 
