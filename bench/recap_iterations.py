@@ -1,0 +1,295 @@
+"""Does iterative RECAP improve the policy iteration over iteration? BC, iteration 1, iteration 2.
+
+For each training seed and each corrections setting (``plain``: the policy's own episodes;
+``corrected``: the scripted expert takes over when the agent drifts, its frames forced positive in
+Step 3), ``recap-iterate`` (``gin/demo/iterate.gin`` plus this script's bindings) runs
+``--iterations`` rounds: collect ``--collect-episodes`` episodes with policy k-1, Steps 1-4 over
+the demo data and every rollout so far, with the pipeline's closed-loop evaluation on
+(``--episodes`` episodes, the same layouts for every policy: paired episode by episode).
+Iteration 0 is the pipeline's baseline (behaviour cloning on the demo data), shared by both
+corrections settings of a seed through content addressing (one run root per seed). The seed is
+``train.seed`` of the value model, the policy and the baseline.
+
+Per point (BC, then each iteration per setting): success per seed, mean and 95% interval
+(``recap.core.bootstrap.rate_interval``: seeds, then episodes); per step (iteration 1 - BC,
+iteration k - iteration k-1) the paired difference and its interval. A PNG of success vs
+iteration (per-seed dots, mean and interval per setting) and the table go to MLflow (experiment
+``bench``, run ``recap_iterations``); the ``RESULT:`` line reports the target: each iteration's
+interval above the previous one's (non-overlapping), 3 seeds x >= 200 episodes. Finished
+iterations are skipped on rerun (``recap-iterate``'s markers), so an interrupted bench continues.
+
+    python bench/recap_iterations.py                      # 3 seeds, both settings, 200 episodes
+    python bench/recap_iterations.py --state-targets --sft-episodes 3000 --rollout-episodes 3000
+    python bench/recap_iterations.py --quick              # the machinery on a tiny budget
+
+Cost on 2 CPU cores: per seed the baseline, then per setting and iteration a collection, a value
+model, Step 3 and a policy (``--policy-steps``, fine-tuned from policy k-1 by default) and a
+200-episode evaluation: ~20-30 min per (seed, setting) at the defaults, ~2.5 h for the default
+3 seeds x 2 settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from recap.core.bootstrap import paired_bootstrap, rate_interval
+
+SETTINGS = ("plain", "corrected")
+TARGET = ("RECAP iteration 1 > BC and iteration 2 > iteration 1, non-overlapping 95% intervals, "
+          ">= 3 seeds x >= 200 episodes")  # fmt: skip
+
+
+def run(cmd: list[str], log: Path) -> None:
+    """Run a command, its output to ``log``; a failure prints the log's tail and stops."""
+    env = {**os.environ, "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu"),
+           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}  # fmt: skip
+    with log.open("a") as out:
+        code = subprocess.call(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    if code != 0:
+        tail = log.read_text().splitlines()[-30:]
+        sys.exit(f"error: {' '.join(cmd[:6])} ... failed ({code}); last lines of {log}:\n"
+                 + "\n".join(tail))  # fmt: skip
+
+
+def prepare(work: Path, args, log: Path) -> None:
+    """The demo data (``demo_data/``) when it is not there."""
+    if (work / "demo_data" / "sft").is_dir():
+        return
+    sizes = ["--sft-episodes", str(args.sft_episodes), "--rollout-episodes",
+             str(args.rollout_episodes)]  # fmt: skip
+    state = ["--state-targets"] if args.state_targets else []
+    run([sys.executable, "-m", "recap.commands.make_demo_data", "--out", "demo_data", *sizes,
+         *state], log)  # fmt: skip
+
+
+def loop_params(seed: int, setting: str, args) -> list[str]:
+    """``recap-iterate``'s bindings for one seed and corrections setting."""
+    params = [
+        f'pipeline.run_root = "runs/s{seed}"',
+        f'pipeline.name = "iterations-s{seed}-{setting}"',
+        "pipeline.evaluate = True",
+        f"evaluate:evaluate_policy.num_episodes = {args.episodes}",
+        "evaluate:evaluate_policy.betas = [1.0]",
+        f"iterate.iterations = {args.iterations}",
+        f"iterate.episodes = {args.collect_episodes}",
+        f"iterate.expert = {setting == 'corrected'}",
+        f'iterate.policy_init = "{args.policy_init}"',
+        f"iterate.state_targets = {bool(args.state_targets)}",
+        'iterate.experiment = "bench_iterations"',
+    ]
+    for step, steps in (("value", args.value_steps), ("policy", args.policy_steps),
+                        ("baseline", args.baseline_steps)):  # fmt: skip
+        params += [f"{step}:train.seed = {seed}", f"{step}:train.max_steps = {steps}",
+                   f"{step}:train.save_every = {steps}"]  # fmt: skip
+    if args.state_targets:
+        params += ['policy:include "demo/state.gin"', 'baseline:include "demo/state.gin"']
+    return params
+
+
+def gin_args(params: list[str]) -> list[str]:
+    return ["--gin_file", "demo/iterate.gin", *(a for p in params for a in ("--gin_param", p))]
+
+
+def outcomes_of(run_dir: str | None) -> list[int]:
+    """The per-episode outcomes at beta 1 of a run's closed-loop evaluation."""
+    if run_dir is None:
+        raise SystemExit("error: an iteration's record names no run directory")
+    record = json.loads((Path(run_dir) / "closed_loop.json").read_text())
+    return record["outcomes"]["beta_1"]
+
+
+def loop_outcomes(seed: int, setting: str, args, log: Path) -> dict:
+    """Run (or skip) the loop; ``{"bc": outcomes, 1: outcomes, ...}`` and the loop's wall time
+    and collection figures per iteration, from ``recap-iterate``'s records."""
+    from recap.iterate import run_iterations
+
+    params = loop_params(seed, setting, args)
+    start = time.perf_counter()
+    run([sys.executable, "-m", "recap.commands.iterate", *gin_args(params)], log)
+    seconds = time.perf_counter() - start
+    records, _, _ = run_iterations(["demo/iterate.gin"], params)  # all finished: skipped
+    out: dict = {"bc": outcomes_of(records[0]["stages"]["baseline"]["run_dir"]), "wall_s": seconds}
+    for record in records:
+        out[record["iteration"]] = outcomes_of(record["stages"]["policy"]["run_dir"])
+        collect = record["collect"]
+        out[f"collect_{record['iteration']}"] = {
+            "success": collect.get("successes", 0) / max(collect.get("episodes", 1), 1),
+            "corrections": collect.get("corrections", 0)}  # fmt: skip
+    return out
+
+
+def summarize(results: dict, args) -> tuple[list[str], dict]:
+    """The table's lines and the figures: per point success per seed, mean and interval; per
+    iteration the paired difference with the point before it (BC for iteration 1)."""
+    seeds, ks = list(args.seeds), list(range(1, args.iterations + 1))
+
+    def won(setting: str, k) -> np.ndarray:
+        return np.array([results[(seed, setting)][k] for seed in seeds], dtype=np.float64)
+
+    lines = ["point            | " + " | ".join(f"seed {s}" for s in seeds)
+             + " | mean  | 95% interval   | vs previous (95% interval)"]  # fmt: skip
+    figures: dict = {"points": {}}
+    settings = [s for s in SETTINGS if s in args.settings]
+    bc = won(settings[0], "bc")
+    for setting in settings[1:]:  # one baseline per seed, whatever the setting
+        if not np.array_equal(won(setting, "bc"), bc):
+            raise SystemExit(
+                f"error: the {setting} loop's baseline differs from the "
+                f"{settings[0]} loop's; they must share a run root per seed"
+            )
+    points = [("bc", None, "bc", bc)]
+    points += [(f"{s} iter {k}", s, k, won(s, k)) for s in settings for k in ks]
+    for name, setting, k, outcome in points:
+        rate = rate_interval(outcome)
+        row = f"{name:<16} | " + " | ".join(f"{r:6.3f}" for r in outcome.mean(1))
+        row += f" | {rate.mean:.3f} | [{rate.low:.3f}, {rate.high:.3f}]"
+        entry = {"per_seed": outcome.mean(1).tolist(), "mean": rate.mean,
+                 "interval": [rate.low, rate.high], "setting": setting, "iteration": k}  # fmt: skip
+        if setting is not None:
+            before = bc if k == 1 else won(setting, k - 1)
+            diff = paired_bootstrap(outcome, before)
+            previous = "bc" if k == 1 else f"iter {k - 1}"
+            row += f" | {diff.mean:+.3f} [{diff.low:+.3f}, {diff.high:+.3f}] vs {previous}"
+            entry["vs_previous"] = {"mean": diff.mean, "interval": [diff.low, diff.high]}
+        lines.append(row)
+        figures["points"][name] = entry
+    for setting in settings:
+        for k in ks:
+            rates = [results[(seed, setting)][f"collect_{k}"]["success"] for seed in seeds]
+            corr = [results[(seed, setting)][f"collect_{k}"]["corrections"] for seed in seeds]
+            lines.append(f"collect {setting} iter {k}: success {np.mean(rates):.3f} mean over "
+                         f"seeds, corrected frames {int(np.sum(corr))}")  # fmt: skip
+    walls = [results[key]["wall_s"] for key in results]
+    figures["wall_s"] = float(np.sum(walls))
+    return lines, figures
+
+
+def meets(figures: dict, setting: str, args) -> bool:
+    """Each iteration's interval strictly above the previous point's, >= 3 seeds x >= 200."""
+    points = figures["points"]
+    chain = [points["bc"]] + [points[f"{setting} iter {k}"] for k in range(1, args.iterations + 1)]
+    above = all(b["interval"][0] > a["interval"][1] for a, b in zip(chain, chain[1:]))
+    return above and args.iterations >= 2 and len(args.seeds) >= 3 and args.episodes >= 200
+
+
+def result_line(figures: dict, args, wall_s: float) -> str:
+    points = figures["points"]
+    fields = [f"seeds={len(args.seeds)}", f"episodes={args.episodes}",
+              f"collect={args.collect_episodes}", f"bc={points['bc']['mean']:.3f}"]  # fmt: skip
+    met = {}
+    for setting in (s for s in SETTINGS if s in args.settings):
+        for k in range(1, args.iterations + 1):
+            entry = points[f"{setting} iter {k}"]
+            low, high = entry["vs_previous"]["interval"]
+            fields += [f"{setting}_iter{k}={entry['mean']:.3f}",
+                       f"{setting}_iter{k}_minus_previous={entry['vs_previous']['mean']:+.3f}",
+                       f"{setting}_iter{k}_ci=[{low:+.3f},{high:+.3f}]"]  # fmt: skip
+        met[setting] = meets(figures, setting, args)
+        fields.append(f"met_{setting}={'yes' if met[setting] else 'no'}")
+    fields += [f"wall_s={wall_s:.0f}", f'target="{TARGET}"',
+               f"met={'yes' if any(met.values()) else 'no'}"]  # fmt: skip
+    return "RESULT: " + " ".join(fields)
+
+
+def figure(figures: dict, args, path: Path) -> None:
+    from recap.viz import _pyplot
+
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ks = list(range(args.iterations + 1))
+    for n, setting in enumerate(s for s in SETTINGS if s in args.settings):
+        chain = [figures["points"]["bc"]]
+        chain += [figures["points"][f"{setting} iter {k}"] for k in ks[1:]]
+        x = np.array(ks, dtype=float) + 0.06 * (n - 0.5)
+        for xi, entry in zip(x, chain):
+            ax.scatter([xi] * len(entry["per_seed"]), entry["per_seed"], color="grey", s=14)
+        means = [e["mean"] for e in chain]
+        lows = [e["mean"] - e["interval"][0] for e in chain]
+        highs = [e["interval"][1] - e["mean"] for e in chain]
+        ax.errorbar(x, means, yerr=[lows, highs], fmt="o-", capsize=4, color=f"C{n}",
+                    label=setting)  # fmt: skip
+    ax.set_xticks(ks, ["BC"] + [f"iter {k}" for k in ks[1:]])
+    ax.set_ylabel("success rate")
+    ax.set_title(f"iterative RECAP on the demo: seeds {list(args.seeds)}, "
+                 f"{args.episodes} episodes each")  # fmt: skip
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def track(figures: dict, lines: list[str], png: Path, args, work: Path) -> None:
+    """The figures, the table and the PNG as one MLflow run (experiment ``bench``)."""
+    from recap.engine.tracking import Tracker
+
+    tracker = Tracker(experiment="bench", run_name="recap_iterations")
+    tracker.start(work / "runs" / "bench_record", "recap_iterations",
+                  tags={"seeds": str(args.seeds), "episodes": str(args.episodes)})  # fmt: skip
+    metrics = {}
+    for name, entry in figures["points"].items():
+        key = name.replace(" ", "_")
+        metrics[f"{key}/mean"] = entry["mean"]
+        metrics[f"{key}/low"], metrics[f"{key}/high"] = entry["interval"]
+    tracker.log_metrics(metrics, step=args.iterations)
+    tracker.log_text("\n".join(lines) + "\n", "recap_iterations.txt")
+    tracker.log_dict(figures, "recap_iterations.json")
+    tracker.log_png(png)
+    tracker.finish()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--work", default="runs/bench_iterations", help="working directory")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=SETTINGS)
+    parser.add_argument("--iterations", type=int, default=2)
+    parser.add_argument("--episodes", type=int, default=200, help="evaluation episodes")
+    parser.add_argument("--collect-episodes", type=int, default=200, help="per iteration")
+    parser.add_argument("--policy-steps", type=int, default=1000)
+    parser.add_argument("--baseline-steps", type=int, default=3000)
+    parser.add_argument("--value-steps", type=int, default=500)
+    parser.add_argument("--policy-init", default="finetune", choices=["finetune", "retrain"])
+    parser.add_argument("--state-targets", action="store_true",
+                        help="the demo with the targets in the state (demo/state.gin)")  # fmt: skip
+    parser.add_argument("--sft-episodes", type=int, default=300, help="demo data size")
+    parser.add_argument("--rollout-episodes", type=int, default=300, help="demo data size")
+    parser.add_argument("--quick", action="store_true", help="tiny budget: check the machinery")
+    args = parser.parse_args()
+    if args.quick:
+        args.seeds, args.episodes, args.collect_episodes = [0, 1], 8, 8
+        args.policy_steps = args.baseline_steps = args.value_steps = 20
+        args.sft_episodes = args.rollout_episodes = 20
+    work = Path(args.work).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    os.chdir(work)  # the demo gin files read demo_data/ and write runs/ relative to here
+    log = work / "bench.log"
+    start = time.perf_counter()
+    print(f"recap_iterations: {len(args.seeds)} seeds x {args.settings}, {args.iterations} "
+          f"iterations, {args.collect_episodes} collected and {args.episodes} evaluation "
+          f"episodes; log {log}", flush=True)  # fmt: skip
+    prepare(work, args, log)
+    results = {}
+    for seed in args.seeds:
+        for setting in args.settings:
+            results[(seed, setting)] = loop_outcomes(seed, setting, args, log)
+            print(f"  seed {seed} {setting}: {results[(seed, setting)]['wall_s']:.0f} s",
+                  flush=True)  # fmt: skip
+    lines, figures = summarize(results, args)
+    print("\n".join(lines))
+    png = work / "recap_iterations.png"
+    figure(figures, args, png)
+    (work / "recap_iterations.json").write_text(json.dumps(figures, indent=2) + "\n")
+    track(figures, lines, png, args, work)
+    print(result_line(figures, args, time.perf_counter() - start))
+
+
+if __name__ == "__main__":
+    main()

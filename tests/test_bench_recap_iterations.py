@@ -1,0 +1,103 @@
+"""bench/recap_iterations.py's table, intervals and RESULT line on hand-made loop outcomes (no
+training): points per setting, paired differences with the point before, the target's test."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "recap_iterations.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("recap_iterations", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def outcomes(rate: float, episodes: int, seed: int) -> list[int]:
+    """``episodes`` outcomes with exactly round(rate * episodes) successes, spread evenly."""
+    wins = round(rate * episodes)
+    row = np.zeros(episodes, dtype=int)
+    row[np.linspace(0, episodes - 1, wins).astype(int)] = 1 if wins else 0
+    return np.roll(row, seed).tolist()
+
+
+def results(rates: dict, seeds=(0, 1, 2), episodes=200) -> dict:
+    """rates: setting -> [bc, iter 1, iter 2] (the same bc for every setting)."""
+    out = {}
+    for setting, (bc, first, second) in rates.items():
+        for seed in seeds:
+            out[(seed, setting)] = {
+                "bc": outcomes(bc, episodes, seed), 1: outcomes(first, episodes, seed),
+                2: outcomes(second, episodes, seed), "wall_s": 100.0,
+                "collect_1": {"success": 0.25, "corrections": 10 if setting == "corrected" else 0},
+                "collect_2": {"success": 0.5, "corrections": 4 if setting == "corrected" else 0},
+            }  # fmt: skip
+    return out
+
+
+def args(seeds=(0, 1, 2), episodes=200, settings=("plain", "corrected")) -> SimpleNamespace:
+    return SimpleNamespace(seeds=list(seeds), episodes=episodes, iterations=2,
+                           collect_episodes=100, settings=list(settings))  # fmt: skip
+
+
+def test_points_differences_and_a_met_target(bench):
+    lines, figures = bench.summarize(
+        results({"plain": (0.2, 0.25, 0.25), "corrected": (0.2, 0.5, 0.8)}), args()
+    )
+    assert [line.split(" | ")[0].strip() for line in lines[1:6]] == [
+        "bc", "plain iter 1", "plain iter 2", "corrected iter 1", "corrected iter 2"]  # fmt: skip
+    points = figures["points"]
+    assert points["bc"]["mean"] == pytest.approx(0.2)
+    assert points["corrected iter 1"]["vs_previous"]["mean"] == pytest.approx(0.3)
+    assert points["corrected iter 2"]["vs_previous"]["mean"] == pytest.approx(0.3)
+    assert points["plain iter 2"]["vs_previous"]["mean"] == pytest.approx(0.0)
+    assert lines[4].startswith("corrected iter 1 |  0.500 |  0.500 |  0.500 | 0.500 | [")
+    assert lines[4].endswith(" vs bc") and lines[5].endswith(" vs iter 1")
+    assert "collect corrected iter 1: success 0.250 mean over seeds, corrected frames 30" in lines
+    assert figures["wall_s"] == 600.0
+    result = bench.result_line(figures, args(), 601.2)
+    assert result.startswith("RESULT: seeds=3 episodes=200 collect=100 bc=0.200 plain_iter1=0.250 "
+                             "plain_iter1_minus_previous=+0.050 plain_iter1_ci=[")  # fmt: skip
+    assert "met_plain=no" in result and "met_corrected=yes" in result
+    assert result.endswith(f'wall_s=601 target="{bench.TARGET}" met=yes')
+
+
+def test_overlapping_intervals_or_too_few_seeds_do_not_meet_it(bench):
+    rates = {"plain": (0.2, 0.5, 0.8)}
+    _, figures = bench.summarize(results(rates, seeds=(0, 1)), args((0, 1), settings=["plain"]))
+    assert not bench.meets(figures, "plain", args((0, 1), settings=["plain"]))  # 2 seeds
+    _, figures = bench.summarize(results(rates, episodes=20), args(episodes=20, settings=["plain"]))
+    assert not bench.meets(figures, "plain", args(episodes=20, settings=["plain"]))
+    close = {"plain": (0.2, 0.22, 0.24)}  # steps of 2 points over 600 episodes overlap
+    _, figures = bench.summarize(results(close), args(settings=["plain"]))
+    assert not bench.meets(figures, "plain", args(settings=["plain"]))
+
+
+def test_settings_must_share_the_baseline(bench):
+    out = results({"plain": (0.2, 0.3, 0.4), "corrected": (0.3, 0.3, 0.4)})
+    with pytest.raises(SystemExit, match="the corrected loop's baseline differs"):
+        bench.summarize(out, args())
+
+
+def test_the_loop_bindings_name_the_seed_setting_and_budget(bench):
+    a = SimpleNamespace(episodes=200, iterations=2, collect_episodes=100, policy_init="finetune",
+                        state_targets=True, value_steps=500, policy_steps=1000,
+                        baseline_steps=3000)  # fmt: skip
+    params = bench.loop_params(1, "corrected", a)
+    assert params[:3] == [
+        'pipeline.run_root = "runs/s1"',
+        'pipeline.name = "iterations-s1-corrected"',
+        "pipeline.evaluate = True",
+    ]
+    assert "iterate.expert = True" in params and "iterate.state_targets = True" in params
+    assert "policy:train.seed = 1" in params and "baseline:train.max_steps = 3000" in params
+    assert params[-2:] == ['policy:include "demo/state.gin"', 'baseline:include "demo/state.gin"']
+    assert "iterate.expert = False" in bench.loop_params(1, "plain", a)
