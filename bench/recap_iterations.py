@@ -91,6 +91,8 @@ def loop_params(seed: int, setting: str, args) -> list[str]:
                    f"{step}:train.save_every = {steps}"]  # fmt: skip
     if args.state_targets:
         params += ['policy:include "demo/state.gin"', 'baseline:include "demo/state.gin"']
+    if args.ranks == 1:  # one process per step, no launcher
+        params += ["pipeline.ranks = 1", 'pipeline.launcher = "python"']
     return params
 
 
@@ -256,6 +258,7 @@ def main() -> None:
     parser.add_argument("--policy-steps", type=int, default=1000)
     parser.add_argument("--baseline-steps", type=int, default=3000)
     parser.add_argument("--value-steps", type=int, default=500)
+    parser.add_argument("--ranks", type=int, default=2, help="training processes per step")
     parser.add_argument("--policy-init", default="finetune", choices=["finetune", "retrain"])
     parser.add_argument("--state-targets", action="store_true",
                         help="the demo with the targets in the state (demo/state.gin)")  # fmt: skip
@@ -267,6 +270,7 @@ def main() -> None:
         args.seeds, args.episodes, args.collect_episodes = [0, 1], 8, 8
         args.policy_steps = args.baseline_steps = args.value_steps = 20
         args.sft_episodes = args.rollout_episodes = 20
+        args.ranks = 1
     work = Path(args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
     os.chdir(work)  # the demo gin files read demo_data/ and write runs/ relative to here

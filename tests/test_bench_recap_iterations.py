@@ -90,7 +90,7 @@ def test_settings_must_share_the_baseline(bench):
 def test_the_loop_bindings_name_the_seed_setting_and_budget(bench):
     a = SimpleNamespace(episodes=200, iterations=2, collect_episodes=100, policy_init="finetune",
                         state_targets=True, value_steps=500, policy_steps=1000,
-                        baseline_steps=3000)  # fmt: skip
+                        baseline_steps=3000, ranks=2)  # fmt: skip
     params = bench.loop_params(1, "corrected", a)
     assert params[:3] == [
         'pipeline.run_root = "runs/s1"',
@@ -101,3 +101,6 @@ def test_the_loop_bindings_name_the_seed_setting_and_budget(bench):
     assert "policy:train.seed = 1" in params and "baseline:train.max_steps = 3000" in params
     assert params[-2:] == ['policy:include "demo/state.gin"', 'baseline:include "demo/state.gin"']
     assert "iterate.expert = False" in bench.loop_params(1, "plain", a)
+    a.ranks = 1
+    assert bench.loop_params(0, "plain", a)[-2:] == ["pipeline.ranks = 1",
+                                                     'pipeline.launcher = "python"']  # fmt: skip
