@@ -267,7 +267,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="tiny budget: check the machinery")
     args = parser.parse_args()
     if args.quick:
-        args.seeds, args.episodes, args.collect_episodes = [0, 1], 8, 8
+        args.seeds, args.episodes, args.collect_episodes = [0], 8, 8
         args.policy_steps = args.baseline_steps = args.value_steps = 20
         args.sft_episodes = args.rollout_episodes = 20
         args.ranks = 1
