@@ -45,6 +45,7 @@ start-to-end time of the training run).
     python bench/recap_vs_bc.py --quick                 # the machinery on a tiny budget
     python bench/recap_vs_bc.py --arms bc recap ft lora --finetune-steps 1000   # LoRA vs full FT
     python bench/recap_vs_bc.py --arms sft_recap sft_oracle     # from the expert-only BC policy
+    python bench/recap_vs_bc.py --label-position action --work runs/bench_label_last ...
 
 Cost on 2 CPU cores: ~8 min per policy training at 4,000 steps (2 ranks), so the default
 (4 arms x 3 seeds) is ~1.6 h plus the evaluations; ``--arms bc recap`` halves it.
@@ -238,6 +239,8 @@ def train_and_evaluate(work: Path, arm: str, seed: int, args, log: Path) -> dict
                      f"model.safetensors; train the {FINETUNED[arm]} arm first "
                      f"(--arms {FINETUNED[arm]} ...)")  # fmt: skip
         params.append(f'BASE_POLICY = "{base}"')
+    if arm in CONDITIONED and args.label_position != "task":
+        params.append(f'policy_data.label_position = "{args.label_position}"')
     if arm == "lora":
         params.append(f"LoraOptions.seed = {seed}")  # the adapters' init varies with the seed too
     record_path = work / run_dir / "closed_loop.json"
@@ -461,6 +464,9 @@ def main() -> None:
     parser.add_argument("--state-targets", action="store_true",
                         help="the demo with the targets in the state (demo/state.gin); use its "
                         "own --work directory")  # fmt: skip
+    parser.add_argument("--label-position", default="task", choices=["task", "action"],
+                        help="the conditioned arms' policy_data.label_position (\"action\": "
+                        "the label after the state); use its own --work directory")  # fmt: skip
     parser.add_argument("--sft-episodes", type=int, default=300, help="demo data size")
     parser.add_argument("--rollout-episodes", type=int, default=300, help="demo data size")
     parser.add_argument("--quick", action="store_true", help="tiny budget: check the machinery")

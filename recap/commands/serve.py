@@ -43,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--asset-id", default=None, help="assets/<asset_id>/norm_stats.json to use")
     add("--prompt-style", choices=("openpi", "lerobot"), default=None)
     add("--state-in-prompt", action=argparse.BooleanOptionalAction, default=None)
+    add("--label-position", choices=("task", "action"), default=None)
     add("--conditioning", choices=("paper", "positive_only_conditional", "none"), default=None)
     add("--guidance", choices=("positive", "negative", "no_guide"), default="positive")
     add("--num-steps", type=int, default=None, help="flow-matching steps (default: the model's)")
@@ -128,6 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.policy, tokenizer=args.tokenizer, gin_files=tuple(args.gin_file),
             gin_params=tuple(args.gin_param), asset_id=args.asset_id,
             prompt_style=args.prompt_style, state_in_prompt=args.state_in_prompt,
+            label_position=args.label_position,
             conditioning=args.conditioning, dtype=args.dtype, beta=args.beta,
             guidance=args.guidance, num_steps=args.num_steps, spec=spec, seed=args.seed,
         )  # fmt: skip

@@ -56,6 +56,11 @@ STATE_BINS = 256
 QUANTILE_EPS = 1e-6
 OPENPI, LEROBOT = "openpi", "lerobot"
 PROMPT_STYLES = (OPENPI, LEROBOT)
+# Where the advantage text goes: in the task text (RLinf and openpi: before the state when the
+# state is in the prompt) or right before the final "Action: " (after the state).
+LABEL_IN_TASK, LABEL_BEFORE_ACTION = "task", "action"
+LABEL_POSITIONS = (LABEL_IN_TASK, LABEL_BEFORE_ACTION)
+ACTION_CUE = "Action: "
 Prompt = tuple[str, ...]  # segments, each tokenized on its own after one BOS
 
 
@@ -137,6 +142,36 @@ def pi05_prompt(task: str, state: np.ndarray | None = None, style: str = OPENPI)
     if style == OPENPI:
         return (cleaned, "\n")
     return (f"Task: {cleaned};\nAction: ",)
+
+
+def check_label_position(position: str) -> str:
+    if position not in LABEL_POSITIONS:
+        raise RecapError(f"policy_data.label_position: {position!r} is not one of "
+                         f"{list(LABEL_POSITIONS)}")  # fmt: skip
+    return position
+
+
+def conditioned_prompt(
+    task: str,
+    label: bool | None,
+    state: np.ndarray | None = None,
+    style: str = OPENPI,
+    position: str = LABEL_IN_TASK,
+) -> Prompt:
+    """The π0.5 prompt of ``task`` with ``label``'s advantage text (None: the plain prompt).
+    ``position="task"``: ``pi05_prompt(advantage_prompt(task, label), state, style)``, as RLinf
+    and openpi build it (with the state in the prompt the label precedes the state);
+    ``"action"``: the plain prompt with ``"Advantage: positive\n"`` inserted before its final
+    ``"Action: "`` (after the state); a prompt without that cue (openpi style without state,
+    whose task text already ends the prompt) takes the label in the task text as ``"task"``."""
+    check_label_position(position)
+    if label is None:
+        return pi05_prompt(task, state, style)
+    plain = pi05_prompt(task, state, style)
+    if position == LABEL_IN_TASK or not plain[-1].endswith(ACTION_CUE):
+        return pi05_prompt(advantage_prompt(task, label), state, style)
+    text = POSITIVE_TEXT if label else NEGATIVE_TEXT
+    return (*plain[:-1], plain[-1][: -len(ACTION_CUE)] + f"{text}\n{ACTION_CUE}")
 
 
 def policy_prompts(

@@ -47,18 +47,19 @@ from recap import logs
 from recap.config_check import bound
 from recap.core import columns as C
 from recap.data.conditioning import (
+    LABEL_IN_TASK,
     MODES,
     OPENPI,
     Prompt,
     QuantileStats,
-    advantage_prompt,
+    check_label_position,
     check_style,
+    conditioned_prompt,
     dataset_labels,
     draw_conditional,
     epoch_seed,
     normalize_quantile,
     pad_last,
-    pi05_prompt,
     quantile_stats,
 )
 from recap.data.datasets import MIXING, _virtual_index
@@ -193,6 +194,9 @@ class PolicyDataset(Dataset):
         stats: normalization statistics (default: merged over ``specs``; pass the training
             ones for eval sets, or a checkpoint's: ``resolve_stats``).
         prompt_style: ``openpi`` or ``lerobot`` (``conditioning.pi05_prompt``).
+        label_position: ``task`` (the advantage text in the task text, RLinf's and openpi's
+            prompt) or ``action`` (right before the final ``Action:``, after the state;
+            ``conditioning.conditioned_prompt``).
     """
 
     def __init__(
@@ -212,6 +216,7 @@ class PolicyDataset(Dataset):
         seed: int = 0,
         stats: dict[str, QuantileStats] | None = None,
         prompt_style: str = OPENPI,
+        label_position: str = LABEL_IN_TASK,
     ):
         if conditioning not in CONDITIONING:
             raise RecapError(f"policy_data.conditioning: {conditioning!r} is not one of "
@@ -221,6 +226,7 @@ class PolicyDataset(Dataset):
         self.tokenizer, self.image_size, self.max_length = tokenizer, image_size, max_length
         self.action_dim, self.state_in_prompt = action_dim, state_in_prompt
         self.prompt_style = check_style(prompt_style)
+        self.label_position = check_label_position(label_position)
         self.action_horizon = action_horizon
         self.conditioning = conditioning
         self.sources = [self._source(s, advantages_tag, (key_maps or {}).get(s.name),
@@ -338,10 +344,10 @@ class PolicyDataset(Dataset):
     collate = staticmethod(pass_through)  # __getitems__ already returns a batch
 
     def prompt(self, task: str, label: bool | None, state: np.ndarray | None) -> Prompt:
-        """The π0.5 prompt of one frame in ``prompt_style``: task (+ advantage text) (+ binned
-        normalized state)."""
+        """The π0.5 prompt of one frame in ``prompt_style``: task (+ advantage text at
+        ``label_position``) (+ binned normalized state)."""
         state = state if self.state_in_prompt else None
-        return pi05_prompt(advantage_prompt(task, label), state, self.prompt_style)
+        return conditioned_prompt(task, label, state, self.prompt_style, self.label_position)
 
     def normalize(self, x: torch.Tensor, name: str) -> tuple[torch.Tensor, torch.Tensor]:
         """``(x quantile-normalized (unclipped) and padded to action_dim, dim mask
@@ -378,6 +384,7 @@ def policy_data(
     dropout: float | None = None,
     state_in_prompt: bool = True,
     prompt_style: str = OPENPI,
+    label_position: str = LABEL_IN_TASK,
     max_length: int = 200,
     mixing: str = "proportional",
     seed: int | None = None,
@@ -394,13 +401,15 @@ def policy_data(
     ``action_horizon`` must equal the model's. ``seed`` (label dropout and mixture) defaults to
     ``train.seed``."""
     check_style(prompt_style)
+    check_label_position(label_position)
     seed = int(bound("train.seed", 0)) if seed is None else seed
     train_specs, specs = split_specs("policy_data", split, datasets, eval_datasets, data_root)
     stats, source = resolve_stats(norm_stats, checkpoint, asset_id, train_specs)
     args = dict(tokenizer=load_tokenizer(tokenizer_path), image_size=image_size,
                 action_horizon=action_horizon, action_dim=action_dim, conditioning=conditioning,
                 dropout=dropout, state_in_prompt=state_in_prompt, max_length=max_length,
-                mixing=mixing, seed=seed, prompt_style=prompt_style)  # fmt: skip
+                mixing=mixing, seed=seed, prompt_style=prompt_style,
+                label_position=label_position)  # fmt: skip
     data = PolicyDataset(specs, advantages_tag, stats=stats, **args)
     if split == "train" and logs.is_main():
         log.info(describe_stats(stats, source))

@@ -18,9 +18,10 @@ reproduced; absent, noise comes from the server's seeded generator). A field may
 (``{"observation": {"image": ...}}``). Anything else is a ``RequestError`` whose message starts
 with the field's name.
 
-Prompts are the training run's (``conditioning.pi05_prompt`` in ``prompt_style``, the state's
-256 bins in the text with ``state_in_prompt``): the guided branch carries ``Advantage:
-positive`` (``guidance="negative"``: ``Advantage: negative``), the other is the plain task, and
+Prompts are the training run's (``conditioning.conditioned_prompt`` in ``prompt_style``, the
+state's 256 bins in the text with ``state_in_prompt``, the label at ``label_position``): the guided
+branch carries ``Advantage: positive`` (``guidance="negative"``: ``Advantage: negative``), the
+other is the plain task, and
 v = v_plain + beta (v_guided - v_plain); beta = 1 computes only the guided branch. A
 behaviour-cloning policy (``conditioning="none"`` or ``"filtered"``) has one prompt and is served
 at beta 1.
@@ -39,12 +40,13 @@ import numpy as np
 import torch
 
 from recap.data.conditioning import (
+    LABEL_IN_TASK,
     OPENPI,
     QuantileStats,
-    advantage_prompt,
+    check_label_position,
     check_style,
+    conditioned_prompt,
     normalize_quantile,
-    pi05_prompt,
     unnormalize_quantile,
 )
 from recap.data.policy_data import CONDITIONING as CONDITIONINGS
@@ -128,6 +130,7 @@ class ServedPolicy:
         conditioning: str = "paper",
         prompt_style: str = OPENPI,
         state_in_prompt: bool = True,
+        label_position: str = LABEL_IN_TASK,
         num_steps: int | None = None,
         spec: ServeSpec | None = None,
         device: torch.device | str = "cpu",
@@ -156,6 +159,7 @@ class ServedPolicy:
         self.tokenizer, self.stats = tokenizer, stats
         self.guidance, self.conditioning = guidance, conditioning
         self.prompt_style, self.state_in_prompt = check_style(prompt_style), state_in_prompt
+        self.label_position = check_label_position(label_position)
         self.num_steps = num_steps
         try:
             self.beta = self.check_beta(beta, "--beta")
@@ -305,7 +309,9 @@ class ServedPolicy:
         labels = {"guided": True, "negative": False, "plain": None}
         prompts = {
             name: self._tokens(
-                pi05_prompt(advantage_prompt(task, labels[name]), normalized, self.prompt_style)
+                conditioned_prompt(
+                    task, labels[name], normalized, self.prompt_style, self.label_position
+                )
             )
             for name in self.branches(beta)
         }
@@ -365,6 +371,7 @@ class ServedPolicy:
             "conditioning": self.conditioning,
             "prompt_style": self.prompt_style,
             "state_in_prompt": self.state_in_prompt,
+            "label_position": self.label_position,
             "device": str(self.device),
             "action_horizon": self.horizon,
             "action_dim": self.action_dim,

@@ -144,3 +144,73 @@ def test_policy_data_batches_carry_the_reference_ids(data, sp, tokenizer, style)
         got = batch["input_ids"][k, batch["attention_mask"][k]].tolist()
         assert got == expected
     assert sorted(set(items)) == sorted(items)
+
+
+# ---- label_position = "action": the advantage text after the state, right before "Action: " ----
+
+
+def label_before_action_ids(sp, task: str, label: bool, state: np.ndarray) -> list[int]:
+    """The reference: openpi's state prompt with "Advantage: ...\\n" inserted before "Action: "."""
+    cleaned = task.strip().replace("_", " ").replace("\n", " ")
+    bins = np.digitize(state, bins=np.linspace(-1, 1, 256 + 1)[:-1]) - 1
+    word = "positive" if label else "negative"
+    text = f"Task: {cleaned}, State: {' '.join(map(str, bins))};\nAdvantage: {word}\nAction: "
+    return sp.encode(text, add_bos=True)
+
+
+@pytest.mark.parametrize("style", ["openpi", "lerobot"])
+def test_label_before_action_puts_the_advantage_text_after_the_state(sp, tokenizer, style):
+    from recap.data.conditioning import conditioned_prompt
+
+    for label in (True, False):
+        prompt = conditioned_prompt(TASK, label, STATE, style, "action")
+        word = "positive" if label else "negative"
+        assert prompt == (f"Task: put the bowl, State: -1 64 128 255 255;\nAdvantage: {word}\n"
+                          "Action: ",)  # fmt: skip
+        ids, mask = tokenize_prompts(tokenizer, [prompt], 64)
+        ours = ids[0, mask[0]].tolist()
+        assert ours == label_before_action_ids(sp, TASK, label, STATE)
+        assert ours[: 1 + len(TASK_PREFIX) + len(STATE_TEXT)] == [BOS, *TASK_PREFIX, *STATE_TEXT]
+    # the plain prompt is the same in both positions; without state openpi's prompt ends with the
+    # task text, so the label stays there; "task" is what RLinf and openpi build
+    assert conditioned_prompt(TASK, None, STATE, style, "action") == pi05_prompt(TASK, STATE, style)
+    assert conditioned_prompt(TASK, True, None, "openpi", "action") == pi05_prompt(
+        advantage_prompt(TASK, True), None, "openpi"
+    )
+    assert conditioned_prompt(TASK, True, STATE, style, "task") == pi05_prompt(
+        advantage_prompt(TASK, True), STATE, style
+    )
+
+
+def test_a_label_position_that_does_not_exist_is_one_line(data, tokenizer):
+    from recap.errors import RecapError
+
+    specs = parse_dataset_specs([{"name": "sft", "root": "sft", "type": "sft"}], data)
+    with pytest.raises(RecapError) as err:
+        PolicyDataset(specs, TAG, tokenizer, image_size=32, action_horizon=3,
+                      label_position="end")  # fmt: skip
+    assert str(err.value) == ("policy_data.label_position: 'end' is not one of "
+                              "['task', 'action']")  # fmt: skip
+
+
+def test_policy_data_batches_carry_the_label_before_action_ids(data, sp, tokenizer):
+    """Training batches (and evaluate_policy, which builds its prompts with the same
+    ``PolicyDataset.prompt``) carry the reference ids for every prompt kind."""
+    specs = parse_dataset_specs([{"name": "sft", "root": "sft", "type": "sft"},
+                                 {"name": "rollout", "root": "rollout"}], data)  # fmt: skip
+    ds = PolicyDataset(specs, TAG, tokenizer, image_size=32, action_horizon=3,
+                       state_in_prompt=True, max_length=200, seed=1,
+                       label_position="action")  # fmt: skip
+    kinds = [~ds.conditional, ds.conditional & ds.labels, ds.conditional & ~ds.labels]
+    items = [int(np.flatnonzero(kind)[0]) for kind in kinds]
+    batch = ds.__getitems__(items)
+    for k, i in enumerate(items):
+        source = ds.sources[ds.source_of[i]]
+        row = int(ds.row_of[i])
+        raw = source.frames.__getitems__(np.array([row]))["state"].numpy()[0]
+        state = normalize_quantile(raw, ds.stats["state"])
+        got = batch["input_ids"][k, batch["attention_mask"][k]].tolist()
+        if k == 0:
+            assert got == reference_ids(sp, "openpi", source.tasks[row], state)
+        else:
+            assert got == label_before_action_ids(sp, source.tasks[row], k == 1, state)

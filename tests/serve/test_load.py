@@ -113,3 +113,32 @@ def test_one_line_errors(tmp_path, policy_dir):
         "--guidance negative is refused for a policy trained with positive_only_conditional (it "
         "never saw the negative prompt)"
     )
+
+
+def test_the_label_position_comes_from_the_run_and_shapes_the_guided_prompt(
+    tmp_path, policy_dir, clean_gin
+):
+    """A run trained with ``policy_data.label_position = "action"`` is served with the label
+    after the state, exactly as ``PolicyDataset.prompt`` built it for training."""
+    from recap.data.conditioning import conditioned_prompt, normalize_quantile
+    from recap.data.transforms import tokenize_prompts
+    from tests.serve.conftest import TASK
+
+    run = tmp_path / "run"
+    save_exported(tiny_model(0).state_dict(), run / "model.safetensors", step=10)
+    shutil.copytree(policy_dir / "assets", run / "assets")
+    gin_file = tmp_path / "policy.gin"
+    text = GIN.format(vision=VISION, text=TEXT, expert=EXPERT, tokenizer=policy_dir)
+    text = text.replace('"lerobot"', '"openpi"').replace("= False", "= True")
+    gin_file.write_text(text + 'policy_data.label_position = "action"\n')
+    served = load_served(run, gin_files=(str(gin_file),), device="cpu")
+    assert served.metadata()["label_position"] == "action"
+    obs = observation(2, noise_seed=2)
+    prompts = served.prepare(obs).prompts
+    state = normalize_quantile(obs["observation/state"], served.stats["state"])
+    for name, label in (("guided", True), ("plain", None)):
+        segments = conditioned_prompt(TASK, label, state, "openpi", "action")
+        ids, mask = tokenize_prompts(served.tokenizer, [segments], 48)
+        assert prompts[name] == ids[0, mask[0]].tolist()
+    guided = served.tokenizer.decode(prompts["guided"][1:])
+    assert guided.index("state") < guided.index("advantage") < guided.index("action")
