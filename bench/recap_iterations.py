@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -42,21 +41,12 @@ import numpy as np
 
 from recap.core.bootstrap import paired_bootstrap, rate_interval
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from recap_vs_bc import log_run, run  # noqa: E402  (one runner and MLflow record for both)
+
 SETTINGS = ("plain", "corrected")
 TARGET = ("RECAP iteration 1 > BC and iteration 2 > iteration 1, non-overlapping 95% intervals, "
           ">= 3 seeds x >= 200 episodes")  # fmt: skip
-
-
-def run(cmd: list[str], log: Path) -> None:
-    """Run a command, its output to ``log``; a failure prints the log's tail and stops."""
-    env = {**os.environ, "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu"),
-           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}  # fmt: skip
-    with log.open("a") as out:
-        code = subprocess.call(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-    if code != 0:
-        tail = log.read_text().splitlines()[-30:]
-        sys.exit(f"error: {' '.join(cmd[:6])} ... failed ({code}); last lines of {log}:\n"
-                 + "\n".join(tail))  # fmt: skip
 
 
 def prepare(work: Path, args, log: Path) -> None:
@@ -230,21 +220,13 @@ def figure(figures: dict, args, path: Path) -> None:
 
 def track(figures: dict, lines: list[str], png: Path, args, work: Path) -> None:
     """The figures, the table and the PNG as one MLflow run (experiment ``bench``)."""
-    from recap.engine.tracking import Tracker
-
-    tracker = Tracker(experiment="bench", run_name="recap_iterations")
-    tracker.start(work / "runs" / "bench_record", "recap_iterations",
-                  tags={"seeds": str(args.seeds), "episodes": str(args.episodes)})  # fmt: skip
     metrics = {}
     for name, entry in figures["points"].items():
         key = name.replace(" ", "_")
         metrics[f"{key}/mean"] = entry["mean"]
         metrics[f"{key}/low"], metrics[f"{key}/high"] = entry["interval"]
-    tracker.log_metrics(metrics, step=args.iterations)
-    tracker.log_text("\n".join(lines) + "\n", "recap_iterations.txt")
-    tracker.log_dict(figures, "recap_iterations.json")
-    tracker.log_png(png)
-    tracker.finish()
+    tags = {"seeds": str(args.seeds), "episodes": str(args.episodes)}
+    log_run("recap_iterations", work, tags, metrics, args.iterations, lines, figures, png)
 
 
 def main() -> None:

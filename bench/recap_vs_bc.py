@@ -414,11 +414,6 @@ def figure(figures: dict, seeds: list[int], path: Path) -> None:
 
 def track(figures: dict, lines: list[str], png: Path, args, work: Path) -> None:
     """The figures, the table and the PNG as one MLflow run (experiment ``bench``)."""
-    from recap.engine.tracking import Tracker
-
-    tracker = Tracker(experiment="bench", run_name="recap_vs_bc")
-    tracker.start(work / "runs" / "bench_record", "recap_vs_bc",
-                  tags={"seeds": str(args.seeds), "episodes": str(args.episodes)})  # fmt: skip
     metrics = {}
     for name, entry in figures["arms"].items():
         key = name.replace(" ", "_").replace("=", "")
@@ -431,9 +426,21 @@ def track(figures: dict, lines: list[str], png: Path, args, work: Path) -> None:
         key = f"lora_minus_ft_{beta.replace('=', '')}"
         metrics[key] = entry["mean"]
         metrics[f"{key}_low"], metrics[f"{key}_high"] = entry["interval"]
-    tracker.log_metrics(metrics, step=args.steps)
-    tracker.log_text("\n".join(lines) + "\n", "recap_vs_bc.txt")
-    tracker.log_dict(figures, "recap_vs_bc.json")
+    tags = {"seeds": str(args.seeds), "episodes": str(args.episodes)}
+    log_run("recap_vs_bc", work, tags, metrics, args.steps, lines, figures, png)
+
+
+def log_run(name: str, work: Path, tags: dict, metrics: dict, step: int, lines: list[str],
+            figures: dict, png: Path) -> None:  # fmt: skip
+    """One MLflow run ``name`` (experiment ``bench``): the metrics, the table as
+    ``{name}.txt``, the figures as ``{name}.json`` and the PNG."""
+    from recap.engine.tracking import Tracker
+
+    tracker = Tracker(experiment="bench", run_name=name)
+    tracker.start(work / "runs" / "bench_record", name, tags=tags)
+    tracker.log_metrics(metrics, step=step)
+    tracker.log_text("\n".join(lines) + "\n", f"{name}.txt")
+    tracker.log_dict(figures, f"{name}.json")
     tracker.log_png(png)
     tracker.finish()
 
