@@ -22,6 +22,9 @@ with ``demo/finetune.gin`` (the base's normalization, lr 3e-4 cosine):
 - ``bcsft``: behaviour cloning on the expert demonstrations only (the base; compared with ``bc``);
 - ``sft_bc``: the base fine-tuned with plain BC on every frame (compared with ``bcsft``);
 - ``sft_recap``: the base fine-tuned with RECAP's labels (compared with ``sft_bc``), beta 1 and 2;
+- ``sft_recap_forced``: the same with the demonstrations' frames forced positive (RLinf's default,
+  ``force_sft_positive``; tag ``demo_forced``, relabelled from ``demo`` without the model: the
+  rollouts keep the threshold of the ``demo`` tag);
 - ``sft_oracle``: the same with the oracle labels (compared with ``sft_bc``);
 - ``sft_filtered``: the base fine-tuned with BC on the oracle-positive frames only (the frames of
   successful episodes; compared with ``sft_bc``): whether the positive mode itself is good data.
@@ -79,19 +82,21 @@ ARMS = {
     "bcsft": (["demo/policy_bc.gin"], [f"policy_data.datasets = [{SFT_ONLY}]"]),
     "sft_bc": (["demo/finetune.gin"], ['policy_data.conditioning = "none"']),
     "sft_recap": (["demo/finetune.gin"], []),
+    "sft_recap_forced": (["demo/finetune.gin"], ['policy_data.advantages_tag = "demo_forced"']),
     "sft_oracle": (["demo/finetune.gin"], ['policy_data.advantages_tag = "oracle"']),
     "sft_filtered": (
         ["demo/finetune.gin"],
         ['policy_data.advantages_tag = "oracle"', 'policy_data.conditioning = "filtered"'],
     ),
 }
-CONDITIONED = ("recap", "oracle", "ft", "lora", "sft_recap", "sft_oracle")
+CONDITIONED = ("recap", "oracle", "ft", "lora", "sft_recap", "sft_recap_forced", "sft_oracle")
 # Fine-tuned arms and the arm whose run of the same seed they start from (trained first).
 FINETUNED = {"ft": "bc", "lora": "bc", "sft_bc": "bcsft", "sft_recap": "bcsft",
-             "sft_oracle": "bcsft", "sft_filtered": "bcsft"}  # fmt: skip
+             "sft_recap_forced": "bcsft", "sft_oracle": "bcsft",
+             "sft_filtered": "bcsft"}  # fmt: skip
 # What each arm is compared with (paired, same seeds and episodes); every other arm: bc.
-BASELINE = {"sft_bc": "bcsft", "sft_recap": "sft_bc", "sft_oracle": "sft_bc",
-            "sft_filtered": "sft_bc"}  # fmt: skip
+BASELINE = {"sft_bc": "bcsft", "sft_recap": "sft_bc", "sft_recap_forced": "sft_bc",
+            "sft_oracle": "sft_bc", "sft_filtered": "sft_bc"}  # fmt: skip
 TARGET = "RECAP(beta=1) - BC >= 15 points, 95% CI excluding 0, >= 3 seeds x >= 200 episodes"
 DATASETS = ("sft", "rollout")
 
@@ -125,7 +130,8 @@ def distributed(module: str, ranks: int) -> list[str]:
 
 
 def prepare(work: Path, args, log: Path) -> None:
-    """Demo data, Step 1, the value model, Step 3 (tag ``demo``) and the oracle labels."""
+    """Demo data, Step 1, the value model, Step 3 (tag ``demo``), the oracle labels and the
+    ``demo_forced`` relabelling (the demonstrations forced positive)."""
     if not (work / "demo_data" / "sft").is_dir():
         sizes = ["--sft-episodes", str(args.sft_episodes), "--rollout-episodes",
                  str(args.rollout_episodes)]  # fmt: skip
@@ -142,6 +148,11 @@ def prepare(work: Path, args, log: Path) -> None:
         run([sys.executable, "-m", "recap.commands.compute_advantages",
              *gin_args(["demo/advantages.gin"], [])], log)  # fmt: skip
     write_oracle(work / "demo_data")
+    if not (work / "demo_data" / "rollout" / "meta" / "advantages_demo_forced.parquet").is_file():
+        forced = ['relabel.new_tag = "demo_forced"', "relabel.positive_quantile = 0.3",
+                  "relabel.force_sft_positive = True"]  # fmt: skip
+        run([sys.executable, "-m", "recap.commands.relabel",
+             *gin_args(["demo/relabel.gin"], forced)], log)  # fmt: skip
 
 
 def write_oracle(data: Path) -> None:
@@ -342,8 +353,7 @@ def recipe_fields(figures: dict, args, prefix: str) -> tuple[list[str], bool | N
         recap = arms[f"{prefix}recap b=1"]
         diff = recap["vs"]
         low, high = diff["interval"]
-        met = (diff["mean"] >= 0.15 and diff["interval"][0] > 0 and len(args.seeds) >= 3
-               and args.episodes >= 200)  # fmt: skip
+        met = meets_target(diff, args)
         fields += [f"{prefix}recap_b1={recap['mean']:.3f}",
                    f"{prefix}recap_over_bc={recap['mean'] / max(bc['mean'], 1e-9):.2f}",
                    f"{prefix}recap_b1_minus_bc={diff['mean']:+.3f}",
@@ -356,6 +366,12 @@ def recipe_fields(figures: dict, args, prefix: str) -> tuple[list[str], bool | N
             f"{prefix}oracle_ci=[{low:+.3f},{high:+.3f}]",
         ]
     return fields, met
+
+
+def meets_target(diff: dict, args) -> bool:
+    """The target's test of one paired difference (``mean``, ``interval``) over the run's size."""
+    return (diff["mean"] >= 0.15 and diff["interval"][0] > 0 and len(args.seeds) >= 3
+            and args.episodes >= 200)  # fmt: skip
 
 
 def result_line(figures: dict, args, wall_s: float) -> str:
@@ -372,6 +388,15 @@ def result_line(figures: dict, args, wall_s: float) -> str:
     sft, met_sft = recipe_fields(figures, args, "sft_")
     fields += sft
     met = bool(met_scratch) or bool(met_sft)
+    if "sft_recap_forced b=1" in figures["arms"]:  # RLinf's labels: demonstrations forced positive
+        forced = figures["arms"]["sft_recap_forced b=1"]
+        low, high = forced["vs"]["interval"]
+        met_forced = meets_target(forced["vs"], args)
+        fields += [f"sft_forced_b1={forced['mean']:.3f}",
+                   f"sft_forced_b1_minus_bc={forced['vs']['mean']:+.3f}",
+                   f"sft_forced_ci=[{low:+.3f},{high:+.3f}]",
+                   f"met_sft_forced={'yes' if met_forced else 'no'}"]  # fmt: skip
+        met = met or met_forced
     if met_sft is not None:
         fields += [f"met_scratch={'yes' if met_scratch else 'no'}",
                    f"met_sft={'yes' if met_sft else 'no'}"]  # fmt: skip

@@ -30,9 +30,10 @@ OUTCOMES = {
     "sft_bc": [[0, 1, 0, 1], [1, 0, 0, 0]],  # 0.375
     "sft_recap": [[1, 1, 1, 1], [1, 1, 0, 1]],  # 0.875: +0.5 over sft_bc
     "sft_oracle": [[1, 1, 1, 1], [1, 1, 1, 1]],  # 1.0: +0.625 over sft_bc
+    "sft_recap_forced": [[1, 1, 0, 1], [1, 0, 0, 1]],  # 0.625: +0.25 over sft_bc
 }
 TRAINABLE = {"bc": 295904, "recap": 295904, "ft": 295904, "lora": 126304}
-TRAINABLE |= {arm: 295904 for arm in ("bcsft", "sft_bc", "sft_recap", "sft_oracle")}
+TRAINABLE |= {arm: 295904 for arm in OUTCOMES if arm.startswith(("bcsft", "sft_"))}
 
 
 def records(arms: list[str]) -> dict:
@@ -117,3 +118,29 @@ def test_asking_for_a_fine_tune_runs_its_base_and_baseline_first(bench):
     wanted = bench.arms_with_dependencies(["sft_oracle"])
     assert wanted == ["bc", "bcsft", "sft_bc", "sft_oracle"]
     assert bench.arms_with_dependencies(["lora"]) == ["bc", "lora"]
+
+
+def test_rlinf_labels_forced_positive_are_their_own_fields_with_their_own_verdict(bench):
+    arms = ["bc", "bcsft", "sft_bc", "sft_recap_forced"]
+    _, figures = bench.summarize(records(arms), args(arms))
+    assert figures["arms"]["sft_recap_forced b=1"]["vs"]["baseline"] == "sft_bc"
+    assert figures["arms"]["sft_recap_forced b=1"]["vs"]["mean"] == pytest.approx(0.25)
+    result = bench.result_line(figures, args(arms), 3.0)
+    low, high = figures["arms"]["sft_recap_forced b=1"]["vs"]["interval"]
+    assert (
+        f"sft_bc=0.375 sft_forced_b1=0.625 sft_forced_b1_minus_bc=+0.250 "
+        f"sft_forced_ci=[{low:+.3f},{high:+.3f}] met_sft_forced=no wall_s=3 "
+    ) in result
+    assert bench.arms_with_dependencies(["sft_recap_forced"]) == [
+        "bc", "bcsft", "sft_bc", "sft_recap_forced"]  # fmt: skip
+
+
+def test_the_target_needs_15_points_an_interval_above_0_3_seeds_and_200_episodes(bench):
+    size = SimpleNamespace(seeds=[0, 1, 2], episodes=200)
+    assert bench.meets_target({"mean": 0.15, "interval": [0.01, 0.3]}, size)
+    assert not bench.meets_target({"mean": 0.149, "interval": [0.01, 0.3]}, size)
+    assert not bench.meets_target({"mean": 0.2, "interval": [0.0, 0.4]}, size)
+    assert not bench.meets_target({"mean": 0.2, "interval": [0.1, 0.3]},
+                                  SimpleNamespace(seeds=[0, 1], episodes=200))  # fmt: skip
+    assert not bench.meets_target({"mean": 0.2, "interval": [0.1, 0.3]},
+                                  SimpleNamespace(seeds=[0, 1, 2], episodes=199))  # fmt: skip
