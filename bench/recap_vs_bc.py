@@ -287,14 +287,15 @@ def summarize(records: dict, args) -> tuple[list[str], dict]:
     ``ft`` and ``lora``, lora - ft per beta; each arm's training cost)."""
     seeds = list(args.seeds)
     arms = [(a, b) for a in args.arms for b in (args.betas if a in CONDITIONED else [1.0])]
-    lines = ["arm              | " + " | ".join(f"seed {s}" for s in seeds)
+    width = max(16, *(len(f"{a} b={b:g}") for a, b in arms))  # the arm column fits every name
+    lines = [f"{'arm':<{width}} | " + " | ".join(f"seed {s}" for s in seeds)
              + " | mean  | 95% interval   | vs baseline (95% interval)"]  # fmt: skip
     figures: dict = {"arms": {}}
     for arm, beta in arms:
         won = outcomes(records, arm, beta, seeds)
         rate = rate_interval(won)
         name = f"{arm} b={beta:g}"
-        row = f"{name:<16} | " + " | ".join(f"{r:6.3f}" for r in won.mean(1))
+        row = f"{name:<{width}} | " + " | ".join(f"{r:6.3f}" for r in won.mean(1))
         row += f" | {rate.mean:.3f} | [{rate.low:.3f}, {rate.high:.3f}]"
         entry = {"per_seed": won.mean(1).tolist(), "mean": rate.mean,
                  "interval": [rate.low, rate.high]}  # fmt: skip
@@ -313,7 +314,7 @@ def summarize(records: dict, args) -> tuple[list[str], dict]:
             diff = paired_bootstrap(lora, ft)
             name = f"lora-ft b={beta:g}"
             per_seed = lora.mean(1) - ft.mean(1)
-            lines.append(f"{name:<16} | " + " | ".join(f"{d:+6.3f}" for d in per_seed)
+            lines.append(f"{name:<{width}} | " + " | ".join(f"{d:+6.3f}" for d in per_seed)
                          + f" | {diff.mean:+.3f} | [{diff.low:+.3f}, {diff.high:+.3f}] | "
                          "(paired: lora - ft)")  # fmt: skip
             figures["lora_vs_ft"][f"b={beta:g}"] = {

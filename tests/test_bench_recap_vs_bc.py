@@ -122,7 +122,10 @@ def test_asking_for_a_fine_tune_runs_its_base_and_baseline_first(bench):
 
 def test_rlinf_labels_forced_positive_are_their_own_fields_with_their_own_verdict(bench):
     arms = ["bc", "bcsft", "sft_bc", "sft_recap_forced"]
-    _, figures = bench.summarize(records(arms), args(arms))
+    lines, figures = bench.summarize(records(arms), args(arms))
+    assert lines[0].startswith("arm                  | seed 0 | seed 1 | mean")  # 20 wide
+    assert lines[2].startswith("bcsft b=1            |  1.000 |  0.750 | 0.875 | [")
+    assert lines[4].startswith("sft_recap_forced b=1 |  0.750 |  0.500 | 0.625 | [")
     assert figures["arms"]["sft_recap_forced b=1"]["vs"]["baseline"] == "sft_bc"
     assert figures["arms"]["sft_recap_forced b=1"]["vs"]["mean"] == pytest.approx(0.25)
     result = bench.result_line(figures, args(arms), 3.0)
