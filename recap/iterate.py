@@ -79,73 +79,14 @@ POLICY_INITS = ("retrain", "finetune")
 VALUE_INITS = ("retrain",)
 ENVS = ("reach", "libero")
 _OWN = re.compile(r"^\s*iterate\.")
-
-
-@dataclass(frozen=True)
-class IterateConfig:
-    iterations: int
-    episodes: int
-    seed: int
-    beta: float
-    guidance: str
-    num_steps: int | None
-    noise_seed: int
-    replan_steps: int
-    num_envs: int
-    env: str
-    max_steps: int | None
-    state_targets: bool
-    suite: str
-    task_id: int
-    expert: bool
-    drift: float
-    takeover_steps: int
-    naming: str
-    image_dtype: str
-    start_run: str
-    start_step: str
-    policy_init: str
-    value_init: str
-    root: str
-    experiment: str
-
-    def collection(self) -> dict:
-        """The settings a collection's content depends on (its fingerprint hashes them)."""
-        # num_envs stays in: the sampling noise is drawn per batch of environments
-        skip = {"iterations", "start_run", "start_step", "policy_init", "value_init", "root",
-                "experiment"}  # fmt: skip
-        return {k: v for k, v in dataclasses.asdict(self).items() if k not in skip}
+_KINDS = {"int": int, "float": float, "bool": bool, "str": str}
 
 
 @gin.configurable("iterate")
-def iterate_config(
-    iterations: int = gin.REQUIRED,
-    episodes: int = 100,
-    seed: int = 2000,
-    beta: float = 1.0,
-    guidance: str = "positive",
-    num_steps: int | None = None,
-    noise_seed: int = 0,
-    replan_steps: int = 1,
-    num_envs: int = 50,
-    env: str = "reach",
-    max_steps: int | None = None,
-    state_targets: bool = False,
-    suite: str = "libero_10",
-    task_id: int = 0,
-    expert: bool = False,
-    drift: float = 1.0,
-    takeover_steps: int = 5,
-    naming: str = "lerobot",
-    image_dtype: str = "video",
-    start_run: str = "",
-    start_step: str = "baseline",
-    policy_init: str = "retrain",
-    value_init: str = "retrain",
-    root: str = "",
-    experiment: str = "iterate",
-) -> IterateConfig:
-    """The loop's own settings (gin ``iterate.*``; module docstring).
+@dataclass(frozen=True)
+class IterateConfig:
+    """The loop's own settings (gin ``iterate.*``; module docstring), coerced to the annotated
+    types and checked when constructed: one list of the fields, their defaults and types.
 
     Args:
         iterations: K, the number of collect + Steps 1-4 rounds.
@@ -169,36 +110,66 @@ def iterate_config(
             ``{pipeline.run_root}/iterate``).
         experiment: MLflow experiment of the per-iteration runs.
     """
-    if int(iterations) < 1:
-        raise RecapError(f"iterate.iterations: {iterations}; run at least one iteration")
-    if int(episodes) < 1:
-        raise RecapError(f"iterate.episodes: {episodes}; collect at least one episode")
-    if int(replan_steps) < 1 or int(num_envs) < 1 or int(takeover_steps) < 1:
-        raise RecapError("iterate.replan_steps / num_envs / takeover_steps: use >= 1")
-    if env not in ENVS:
-        raise RecapError(f"iterate.env: {env!r}; use one of {list(ENVS)}")
-    if expert and env != "reach":
-        raise RecapError(f"iterate.expert: env {env!r} has no scripted expert; set "
-                         "iterate.expert = False")  # fmt: skip
-    if guidance not in ("positive", "negative", "no_guide"):
-        raise RecapError(f"iterate.guidance: {guidance!r}; use positive, negative or no_guide")
-    if policy_init not in POLICY_INITS:
-        raise RecapError(f"iterate.policy_init: {policy_init!r}; use one of {list(POLICY_INITS)}")
-    if value_init not in VALUE_INITS:
-        raise RecapError(f"iterate.value_init: {value_init!r}; use 'retrain' (fine-tuning the "
-                         "value model needs an initial-weights hook in value_model or train, "
-                         "which recap does not have yet)")  # fmt: skip
-    return IterateConfig(
-        iterations=int(iterations), episodes=int(episodes), seed=int(seed), beta=float(beta),
-        guidance=guidance, num_steps=num_steps, noise_seed=int(noise_seed),
-        replan_steps=int(replan_steps), num_envs=int(num_envs), env=env,
-        max_steps=None if max_steps is None else int(max_steps),
-        state_targets=bool(state_targets), suite=str(suite), task_id=int(task_id),
-        expert=bool(expert), drift=float(drift), takeover_steps=int(takeover_steps),
-        naming=naming, image_dtype=image_dtype, start_run=str(start_run),
-        start_step=str(start_step), policy_init=policy_init, value_init=value_init,
-        root=str(root), experiment=experiment,
-    )  # fmt: skip
+
+    iterations: int = gin.REQUIRED
+    episodes: int = 100
+    seed: int = 2000
+    beta: float = 1.0
+    guidance: str = "positive"
+    num_steps: int | None = None
+    noise_seed: int = 0
+    replan_steps: int = 1
+    num_envs: int = 50
+    env: str = "reach"
+    max_steps: int | None = None
+    state_targets: bool = False
+    suite: str = "libero_10"
+    task_id: int = 0
+    expert: bool = False
+    drift: float = 1.0
+    takeover_steps: int = 5
+    naming: str = "lerobot"
+    image_dtype: str = "video"
+    start_run: str = ""
+    start_step: str = "baseline"
+    policy_init: str = "retrain"
+    value_init: str = "retrain"
+    root: str = ""
+    experiment: str = "iterate"
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):  # gin may bind 1 for a float, 1.0 for an int
+            kind, value = _KINDS.get(str(f.type).removesuffix(" | None")), getattr(self, f.name)
+            if kind is not None and value is not None:
+                object.__setattr__(self, f.name, kind(value))
+        if self.iterations < 1:
+            raise RecapError(f"iterate.iterations: {self.iterations}; run at least one iteration")
+        if self.episodes < 1:
+            raise RecapError(f"iterate.episodes: {self.episodes}; collect at least one episode")
+        if self.replan_steps < 1 or self.num_envs < 1 or self.takeover_steps < 1:
+            raise RecapError("iterate.replan_steps / num_envs / takeover_steps: use >= 1")
+        if self.env not in ENVS:
+            raise RecapError(f"iterate.env: {self.env!r}; use one of {list(ENVS)}")
+        if self.expert and self.env != "reach":
+            raise RecapError(f"iterate.expert: env {self.env!r} has no scripted expert; set "
+                             "iterate.expert = False")  # fmt: skip
+        if self.guidance not in ("positive", "negative", "no_guide"):
+            raise RecapError(f"iterate.guidance: {self.guidance!r}; use positive, negative or "
+                             "no_guide")  # fmt: skip
+        if self.policy_init not in POLICY_INITS:
+            raise RecapError(f"iterate.policy_init: {self.policy_init!r}; use one of "
+                             f"{list(POLICY_INITS)}")  # fmt: skip
+        if self.value_init not in VALUE_INITS:
+            raise RecapError(f"iterate.value_init: {self.value_init!r}; use 'retrain' "
+                             "(fine-tuning the value model needs an initial-weights hook in "
+                             "value_model or train, which recap does not have yet)")  # fmt: skip
+
+    def collection(self) -> dict:
+        """The settings a collection's content depends on (its fingerprint hashes them)."""
+        # num_envs stays in: the sampling noise is drawn per batch of environments
+        skip = {"iterations", "start_run", "start_step", "policy_init", "value_init", "root",
+                "experiment"}  # fmt: skip
+        return {k: v for k, v in dataclasses.asdict(self).items() if k not in skip}
 
 
 @dataclass(frozen=True)
@@ -262,7 +233,7 @@ def load(
     try:
         parse_gin(files, [*pipeline_own, *own])
         check_required("iterate", "", "")
-        settings = iterate_config()
+        settings = IterateConfig()
     finally:
         gin.clear_config()
     if "policy" not in config.stages:

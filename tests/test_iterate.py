@@ -257,6 +257,8 @@ def test_the_dry_run_after_the_loop_skips_everything(loop):
          "iterate.policy_init: 'warm'; use one of ['retrain', 'finetune']"),
         ('iterate.env = "libero"', "iterate.expert: env 'libero' has no scripted expert; set "
          "iterate.expert = False"),
+        ("iterate.iteratons = 2", "gin config: iterate has no parameter 'iteratons' (binding "
+         "'iterate.iteratons = 2'); nearest valid: iterations"),
     ],
 )  # fmt: skip
 def test_a_bad_loop_setting_is_one_line_and_exit_2(tmp_path, capsys, param, line):
@@ -268,6 +270,19 @@ def test_a_bad_loop_setting_is_one_line_and_exit_2(tmp_path, capsys, param, line
     assert captured.err == f"error: {line}\n"
     assert not (tmp_path / "runs").exists()
     assert gin.config_str() == ""
+
+
+def test_the_loop_settings_are_one_dataclass_coerced_to_its_annotations():
+    """gin configures ``IterateConfig`` itself (no factory repeating its fields): a float bound
+    to an int field and an int to a float one come out as the annotation says."""
+    from recap.iterate import IterateConfig
+
+    settings = IterateConfig(iterations=2.0, episodes=4.0, beta=1, max_steps=8.0)
+    assert (settings.iterations, settings.episodes, settings.max_steps) == (2, 4, 8)
+    assert type(settings.iterations) is int and type(settings.max_steps) is int
+    assert settings.beta == 1.0 and type(settings.beta) is float
+    assert settings.num_steps is None and settings.seed == 2000
+    assert settings.collection()["beta"] == 1.0 and "iterations" not in settings.collection()
 
 
 def test_finetune_starts_each_policy_from_the_previous_one(loop):

@@ -5,7 +5,7 @@
         --gin_param 'iterate.expert = True' --gin_param 'iterate.drift = 0.5'
     recap-iterate --gin_file demo/iterate.gin --dry_run      # the plan, nothing runs
 
-``iterate.*`` bindings set the loop (``recap.iterate.iterate_config``); ``STEP:binding`` goes to
+``iterate.*`` bindings set the loop (``recap.iterate.IterateConfig``); ``STEP:binding`` goes to
 one pipeline step (e.g. ``'value:train.max_steps = 100'``), ``pipeline.*`` to the pipeline, as
 for ``recap-pipeline``. Rerun the same command and finished iterations are skipped. The logic is
 in ``recap.iterate``.
