@@ -26,6 +26,8 @@ with ``demo/finetune.gin`` (the base's normalization, lr 3e-4 cosine):
   ``force_sft_positive``; tag ``demo_forced``, relabelled from ``demo`` without the model: the
   rollouts keep the threshold of the ``demo`` tag);
 - ``sft_oracle``: the same with the oracle labels (compared with ``sft_bc``);
+- ``sft_oracle_d01``: the same with label dropout 0.1 (RLinf's) instead of 0.3 (the paper's):
+  whether more conditioned training separates the two prompts further (compared with ``sft_bc``);
 - ``sft_filtered``: the base fine-tuned with BC on the oracle-positive frames only (the frames of
   successful episodes; compared with ``sft_bc``): whether the positive mode itself is good data.
 
@@ -84,19 +86,25 @@ ARMS = {
     "sft_recap": (["demo/finetune.gin"], []),
     "sft_recap_forced": (["demo/finetune.gin"], ['policy_data.advantages_tag = "demo_forced"']),
     "sft_oracle": (["demo/finetune.gin"], ['policy_data.advantages_tag = "oracle"']),
+    "sft_oracle_d01": (
+        ["demo/finetune.gin"],
+        ['policy_data.advantages_tag = "oracle"', "policy_data.dropout = 0.1"],
+    ),
     "sft_filtered": (
         ["demo/finetune.gin"],
         ['policy_data.advantages_tag = "oracle"', 'policy_data.conditioning = "filtered"'],
     ),
 }
-CONDITIONED = ("recap", "oracle", "ft", "lora", "sft_recap", "sft_recap_forced", "sft_oracle")
+CONDITIONED = ("recap", "oracle", "ft", "lora", "sft_recap", "sft_recap_forced", "sft_oracle",
+               "sft_oracle_d01")  # fmt: skip
 # Fine-tuned arms and the arm whose run of the same seed they start from (trained first).
 FINETUNED = {"ft": "bc", "lora": "bc", "sft_bc": "bcsft", "sft_recap": "bcsft",
-             "sft_recap_forced": "bcsft", "sft_oracle": "bcsft",
+             "sft_recap_forced": "bcsft", "sft_oracle": "bcsft", "sft_oracle_d01": "bcsft",
              "sft_filtered": "bcsft"}  # fmt: skip
 # What each arm is compared with (paired, same seeds and episodes); every other arm: bc.
 BASELINE = {"sft_bc": "bcsft", "sft_recap": "sft_bc", "sft_recap_forced": "sft_bc",
-            "sft_oracle": "sft_bc", "sft_filtered": "sft_bc"}  # fmt: skip
+            "sft_oracle": "sft_bc", "sft_oracle_d01": "sft_bc",
+            "sft_filtered": "sft_bc"}  # fmt: skip
 TARGET = "RECAP(beta=1) - BC >= 15 points, 95% CI excluding 0, >= 3 seeds x >= 200 episodes"
 DATASETS = ("sft", "rollout")
 

@@ -120,6 +120,15 @@ def test_asking_for_a_fine_tune_runs_its_base_and_baseline_first(bench):
     assert bench.arms_with_dependencies(["lora"]) == ["bc", "lora"]
 
 
+def test_the_dropout_probe_is_the_oracle_arm_with_rlinfs_dropout(bench):
+    files, params = bench.ARMS["sft_oracle_d01"]
+    assert files == bench.ARMS["sft_oracle"][0] == ["demo/finetune.gin"]
+    assert params == ['policy_data.advantages_tag = "oracle"', "policy_data.dropout = 0.1"]
+    assert bench.BASELINE["sft_oracle_d01"] == "sft_bc" and "sft_oracle_d01" in bench.CONDITIONED
+    assert bench.arms_with_dependencies(["sft_oracle_d01"]) == [
+        "bc", "bcsft", "sft_bc", "sft_oracle_d01"]  # fmt: skip
+
+
 def test_rlinf_labels_forced_positive_are_their_own_fields_with_their_own_verdict(bench):
     arms = ["bc", "bcsft", "sft_bc", "sft_recap_forced"]
     lines, figures = bench.summarize(records(arms), args(arms))
