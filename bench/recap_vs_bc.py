@@ -25,6 +25,8 @@ with ``demo/finetune.gin`` (the base's normalization, lr 3e-4 cosine):
 - ``sft_recap_forced``: the same with the demonstrations' frames forced positive (RLinf's default,
   ``force_sft_positive``; tag ``demo_forced``, relabelled from ``demo`` without the model: the
   rollouts keep the threshold of the ``demo`` tag);
+- ``sft_rlinf``: RLinf's recipe in full, ``sft_recap_forced``'s labels with RLinf's label dropout
+  0.1 (compared with ``sft_bc``);
 - ``sft_oracle``: the same with the oracle labels (compared with ``sft_bc``);
 - ``sft_oracle_d01``: the same with label dropout 0.1 (RLinf's) instead of 0.3 (the paper's):
   whether more conditioned training separates the two prompts further (compared with ``sft_bc``);
@@ -85,6 +87,10 @@ ARMS = {
     "sft_bc": (["demo/finetune.gin"], ['policy_data.conditioning = "none"']),
     "sft_recap": (["demo/finetune.gin"], []),
     "sft_recap_forced": (["demo/finetune.gin"], ['policy_data.advantages_tag = "demo_forced"']),
+    "sft_rlinf": (
+        ["demo/finetune.gin"],
+        ['policy_data.advantages_tag = "demo_forced"', "policy_data.dropout = 0.1"],
+    ),
     "sft_oracle": (["demo/finetune.gin"], ['policy_data.advantages_tag = "oracle"']),
     "sft_oracle_d01": (
         ["demo/finetune.gin"],
@@ -95,14 +101,16 @@ ARMS = {
         ['policy_data.advantages_tag = "oracle"', 'policy_data.conditioning = "filtered"'],
     ),
 }
-CONDITIONED = ("recap", "oracle", "ft", "lora", "sft_recap", "sft_recap_forced", "sft_oracle",
-               "sft_oracle_d01")  # fmt: skip
+CONDITIONED = ("recap", "oracle", "ft", "lora", "sft_recap", "sft_recap_forced", "sft_rlinf",
+               "sft_oracle", "sft_oracle_d01")  # fmt: skip
 # Fine-tuned arms and the arm whose run of the same seed they start from (trained first).
 FINETUNED = {"ft": "bc", "lora": "bc", "sft_bc": "bcsft", "sft_recap": "bcsft",
-             "sft_recap_forced": "bcsft", "sft_oracle": "bcsft", "sft_oracle_d01": "bcsft",
+             "sft_recap_forced": "bcsft", "sft_rlinf": "bcsft", "sft_oracle": "bcsft",
+             "sft_oracle_d01": "bcsft",
              "sft_filtered": "bcsft"}  # fmt: skip
 # What each arm is compared with (paired, same seeds and episodes); every other arm: bc.
 BASELINE = {"sft_bc": "bcsft", "sft_recap": "sft_bc", "sft_recap_forced": "sft_bc",
+            "sft_rlinf": "sft_bc",
             "sft_oracle": "sft_bc", "sft_oracle_d01": "sft_bc",
             "sft_filtered": "sft_bc"}  # fmt: skip
 TARGET = "RECAP(beta=1) - BC >= 15 points, 95% CI excluding 0, >= 3 seeds x >= 200 episodes"
@@ -397,15 +405,18 @@ def result_line(figures: dict, args, wall_s: float) -> str:
     sft, met_sft = recipe_fields(figures, args, "sft_")
     fields += sft
     met = bool(met_scratch) or bool(met_sft)
-    if "sft_recap_forced b=1" in figures["arms"]:  # RLinf's labels: demonstrations forced positive
-        forced = figures["arms"]["sft_recap_forced b=1"]
-        low, high = forced["vs"]["interval"]
-        met_forced = meets_target(forced["vs"], args)
-        fields += [f"sft_forced_b1={forced['mean']:.3f}",
-                   f"sft_forced_b1_minus_bc={forced['vs']['mean']:+.3f}",
-                   f"sft_forced_ci=[{low:+.3f},{high:+.3f}]",
-                   f"met_sft_forced={'yes' if met_forced else 'no'}"]  # fmt: skip
-        met = met or met_forced
+    # RLinf's labels (demonstrations forced positive), with the paper's dropout and with RLinf's
+    for arm, key in (("sft_recap_forced", "sft_forced"), ("sft_rlinf", "sft_rlinf")):
+        if f"{arm} b=1" not in figures["arms"]:
+            continue
+        entry = figures["arms"][f"{arm} b=1"]
+        low, high = entry["vs"]["interval"]
+        met_arm = meets_target(entry["vs"], args)
+        fields += [f"{key}_b1={entry['mean']:.3f}",
+                   f"{key}_b1_minus_bc={entry['vs']['mean']:+.3f}",
+                   f"{key}_ci=[{low:+.3f},{high:+.3f}]",
+                   f"met_{key}={'yes' if met_arm else 'no'}"]  # fmt: skip
+        met = met or met_arm
     if met_sft is not None:
         fields += [f"met_scratch={'yes' if met_scratch else 'no'}",
                    f"met_sft={'yes' if met_sft else 'no'}"]  # fmt: skip

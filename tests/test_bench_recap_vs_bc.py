@@ -31,6 +31,7 @@ OUTCOMES = {
     "sft_recap": [[1, 1, 1, 1], [1, 1, 0, 1]],  # 0.875: +0.5 over sft_bc
     "sft_oracle": [[1, 1, 1, 1], [1, 1, 1, 1]],  # 1.0: +0.625 over sft_bc
     "sft_recap_forced": [[1, 1, 0, 1], [1, 0, 0, 1]],  # 0.625: +0.25 over sft_bc
+    "sft_rlinf": [[1, 1, 1, 1], [1, 0, 0, 1]],  # 0.75: +0.375 over sft_bc
 }
 TRAINABLE = {"bc": 295904, "recap": 295904, "ft": 295904, "lora": 126304}
 TRAINABLE |= {arm: 295904 for arm in OUTCOMES if arm.startswith(("bcsft", "sft_"))}
@@ -156,3 +157,16 @@ def test_the_target_needs_15_points_an_interval_above_0_3_seeds_and_200_episodes
                                   SimpleNamespace(seeds=[0, 1], episodes=200))  # fmt: skip
     assert not bench.meets_target({"mean": 0.2, "interval": [0.1, 0.3]},
                                   SimpleNamespace(seeds=[0, 1, 2], episodes=199))  # fmt: skip
+
+
+def test_rlinfs_full_recipe_has_its_own_fields_after_the_forced_labels(bench):
+    arms = ["bc", "bcsft", "sft_bc", "sft_recap_forced", "sft_rlinf"]
+    _, figures = bench.summarize(records(arms), args(arms))
+    assert figures["arms"]["sft_rlinf b=1"]["vs"]["mean"] == pytest.approx(0.375)
+    assert bench.ARMS["sft_rlinf"][1] == ['policy_data.advantages_tag = "demo_forced"',
+                                          "policy_data.dropout = 0.1"]  # fmt: skip
+    result = bench.result_line(figures, args(arms), 3.0)
+    low, high = figures["arms"]["sft_rlinf b=1"]["vs"]["interval"]
+    expected = (f"met_sft_forced=no sft_rlinf_b1=0.750 sft_rlinf_b1_minus_bc=+0.375 "
+                f"sft_rlinf_ci=[{low:+.3f},{high:+.3f}] met_sft_rlinf=no wall_s=3 ")  # fmt: skip
+    assert expected in result
