@@ -103,16 +103,11 @@ ARMS = {
 }
 CONDITIONED = ("recap", "oracle", "ft", "lora", "sft_recap", "sft_recap_forced", "sft_rlinf",
                "sft_oracle", "sft_oracle_d01")  # fmt: skip
+SFT_ARMS = [arm for arm in ARMS if arm.startswith("sft_")]  # every fine-tune of bcsft
 # Fine-tuned arms and the arm whose run of the same seed they start from (trained first).
-FINETUNED = {"ft": "bc", "lora": "bc", "sft_bc": "bcsft", "sft_recap": "bcsft",
-             "sft_recap_forced": "bcsft", "sft_rlinf": "bcsft", "sft_oracle": "bcsft",
-             "sft_oracle_d01": "bcsft",
-             "sft_filtered": "bcsft"}  # fmt: skip
+FINETUNED = {"ft": "bc", "lora": "bc", **{arm: "bcsft" for arm in SFT_ARMS}}
 # What each arm is compared with (paired, same seeds and episodes); every other arm: bc.
-BASELINE = {"sft_bc": "bcsft", "sft_recap": "sft_bc", "sft_recap_forced": "sft_bc",
-            "sft_rlinf": "sft_bc",
-            "sft_oracle": "sft_bc", "sft_oracle_d01": "sft_bc",
-            "sft_filtered": "sft_bc"}  # fmt: skip
+BASELINE = {"sft_bc": "bcsft", **{arm: "sft_bc" for arm in SFT_ARMS if arm != "sft_bc"}}
 TARGET = "RECAP(beta=1) - BC >= 15 points, 95% CI excluding 0, >= 3 seeds x >= 200 episodes"
 DATASETS = ("sft", "rollout")
 
@@ -165,7 +160,12 @@ def prepare(work: Path, args, log: Path) -> None:
              *gin_args(["demo/advantages.gin"], [])], log)  # fmt: skip
     write_oracle(work / "demo_data")
     if not (work / "demo_data" / "rollout" / "meta" / "advantages_demo_forced.parquet").is_file():
-        forced = ['relabel.new_tag = "demo_forced"', "relabel.positive_quantile = 0.3",
+        from recap.data import sidecars
+
+        # the demo tag's own quantile, so the rollout frames keep its threshold
+        _, record = sidecars.read_advantages(work / "demo_data" / "rollout", "demo")
+        forced = ['relabel.new_tag = "demo_forced"',
+                  f"relabel.positive_quantile = {record['positive_quantile']}",
                   "relabel.force_sft_positive = True"]  # fmt: skip
         run([sys.executable, "-m", "recap.commands.relabel",
              *gin_args(["demo/relabel.gin"], forced)], log)  # fmt: skip
