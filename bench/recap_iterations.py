@@ -21,6 +21,17 @@ iterations are skipped on rerun (``recap-iterate``'s markers), so an interrupted
     python bench/recap_iterations.py                      # 3 seeds, both settings, 200 episodes
     python bench/recap_iterations.py --state-targets --sft-episodes 3000 --rollout-episodes 3000
     python bench/recap_iterations.py --quick              # the machinery on a tiny budget
+    python bench/recap_iterations.py --work runs/bench_iter_sft --base-work runs/bench_exp \
+        --state-targets                                   # from bcsft, RLinf's recipe
+
+``--base-work DIR`` (a ``bench/recap_vs_bc.py`` work directory run with ``--state-targets`` and
+the ``sft_bc`` arm: the expert-first setting where RECAP's effect exceeded the noise, ``sft_rlinf``
+there): policy 0 is the seed's ``bcsft`` run (behaviour cloning on the expert demonstrations
+only), every iteration fine-tunes the policy before it for ``--policy-steps`` steps
+(``demo/finetune.gin``, bcsft's normalization) with the demonstrations forced positive in Step 3,
+label dropout 0.1 and the label after the state, and no baseline is trained: ``bc`` is that
+benchmark's ``sft_bc`` (bcsft fine-tuned with plain BC on the same demo data), checked to be
+evaluated on the loop's episodes; policy 0's own success is a row of the table.
 
 Cost on 2 CPU cores: per seed the baseline, then per setting and iteration a collection, a value
 model, Step 3 and a policy (``--policy-steps``, fine-tuned from policy k-1 by default) and a
@@ -50,7 +61,14 @@ TARGET = ("RECAP iteration 1 > BC and iteration 2 > iteration 1, non-overlapping
 
 
 def prepare(work: Path, args, log: Path) -> None:
-    """The demo data (``demo_data/``) when it is not there."""
+    """The demo data (``demo_data/``) when it is not there; with ``--base-work`` a link to that
+    benchmark's demo data (its bcsft policies learned it)."""
+    if args.base_work is not None and not (work / "demo_data").exists():
+        source = (args.base_work / "demo_data").resolve()
+        if not (source / "sft").is_dir():
+            raise SystemExit(f"error: --base-work {args.base_work}: no demo_data/sft there; "
+                             "point it at a bench/recap_vs_bc.py work directory")  # fmt: skip
+        (work / "demo_data").symlink_to(source)
     if (work / "demo_data" / "sft").is_dir():
         return
     sizes = ["--sft-episodes", str(args.sft_episodes), "--rollout-episodes",
@@ -81,21 +99,79 @@ def loop_params(seed: int, setting: str, args) -> list[str]:
                    f"{step}:train.save_every = {steps}"]  # fmt: skip
     if args.state_targets:
         params += ['policy:include "demo/state.gin"', 'baseline:include "demo/state.gin"']
+    if args.base_work is not None:
+        params += expert_first_params(seed, args)
     if args.ranks == 1:  # one process per step, no launcher
         params += ["pipeline.ranks = 1", 'pipeline.launcher = "python"']
     return params
+
+
+def base_run(arm: str, seed: int, args) -> Path:
+    """A run directory of the ``--base-work`` benchmark (bench/recap_vs_bc.py's names)."""
+    name = f"bcsft_s{seed}_{args.base_steps}"
+    if arm != "bcsft":
+        name = f"{arm}_s{seed}_bcsft{args.base_steps}_ft{args.policy_steps}"
+    return (args.base_work / "runs" / name).resolve()
+
+
+def expert_first_params(seed: int, args) -> list[str]:
+    """The loop in bench/recap_vs_bc.py's ``sft_rlinf`` setting: policy 0 is the seed's
+    expert-only BC policy (``bcsft``), each iteration fine-tunes the policy before it
+    (``demo/finetune.gin``: lr 3e-4 cosine, bcsft's normalization throughout) with the
+    demonstrations forced positive, label dropout 0.1 and the label after the state; no
+    baseline is trained (BC is the benchmark's ``sft_bc``)."""
+    start = base_run("bcsft", seed, args)
+    if not (start / "model.safetensors").is_file():
+        raise SystemExit(f"error: {start}: no model.safetensors; run bench/recap_vs_bc.py "
+                         f"--work {args.base_work} --arms sft_bc --seeds {seed} first")  # fmt: skip
+    steps = {"returns": ["demo/returns.gin"], "value": ["demo/value.gin"],
+             "advantages": ["demo/advantages.gin"], "policy": ["demo/finetune.gin"],
+             "baseline": ["demo/policy_bc.gin"]}  # fmt: skip
+    return [
+        f"pipeline.steps = {steps!r}",
+        'pipeline.stages = ["returns", "value", "advantages", "policy", "evaluate_policy"]',
+        f'iterate.start_run = "{start}"',
+        'iterate.policy_init = "finetune"',
+        f'policy:BASE_POLICY = "{start}"',
+        "policy:policy_data.dropout = 0.1",
+        'policy:policy_data.label_position = "action"',
+        "advantages:compute_advantages.force_sft_positive = True",
+    ]
+
+
+def reference_outcomes(arm: str, seed: int, args, loop_record: dict) -> list[int]:
+    """A ``--base-work`` run's outcomes at beta 1, checked to be the loop's evaluation episodes
+    (``loop_record``: an iteration's ``closed_loop.json``; the same count and layout seed), so
+    the comparison stays paired."""
+    path = base_run(arm, seed, args) / "closed_loop.json"
+    if not path.is_file():
+        raise SystemExit(f"error: {path} not found; run bench/recap_vs_bc.py --work "
+                         f"{args.base_work} --arms sft_bc --seeds {seed} --episodes "
+                         f"{args.episodes} first")  # fmt: skip
+    record = json.loads(path.read_text())
+    theirs, ours = (record.get("num_episodes"), record.get("seed")), (
+        loop_record.get("num_episodes"), loop_record.get("seed"))  # fmt: skip
+    if theirs != ours:
+        raise SystemExit(f"error: {path}: {theirs[0]} episodes from layout seed {theirs[1]}, "
+                         f"the loop evaluates {ours[0]} from {ours[1]}; rerun that arm with "
+                         f"--episodes {ours[0]}")  # fmt: skip
+    return record["outcomes"]["beta_1"]
 
 
 def gin_args(params: list[str]) -> list[str]:
     return ["--gin_file", "demo/iterate.gin", *(a for p in params for a in ("--gin_param", p))]
 
 
-def outcomes_of(run_dir: str | None) -> list[int]:
-    """The per-episode outcomes at beta 1 of a run's closed-loop evaluation."""
+def evaluation_of(run_dir: str | None) -> dict:
+    """A run's closed-loop evaluation record (``closed_loop.json``)."""
     if run_dir is None:
         raise SystemExit("error: an iteration's record names no run directory")
-    record = json.loads((Path(run_dir) / "closed_loop.json").read_text())
-    return record["outcomes"]["beta_1"]
+    return json.loads((Path(run_dir) / "closed_loop.json").read_text())
+
+
+def outcomes_of(run_dir: str | None) -> list[int]:
+    """The per-episode outcomes at beta 1 of a run's closed-loop evaluation."""
+    return evaluation_of(run_dir)["outcomes"]["beta_1"]
 
 
 def loop_outcomes(seed: int, setting: str, args, log: Path) -> dict:
@@ -108,7 +184,13 @@ def loop_outcomes(seed: int, setting: str, args, log: Path) -> dict:
     run([sys.executable, "-m", "recap.commands.iterate", *gin_args(params)], log)
     seconds = time.perf_counter() - start
     records, _, _ = run_iterations(["demo/iterate.gin"], params)  # all finished: skipped
-    out: dict = {"bc": outcomes_of(records[0]["stages"]["baseline"]["run_dir"]), "wall_s": seconds}
+    if args.base_work is None:
+        out: dict = {"bc": outcomes_of(records[0]["stages"]["baseline"]["run_dir"])}
+    else:
+        first = evaluation_of(records[0]["stages"]["policy"]["run_dir"])
+        out = {"bc": reference_outcomes("sft_bc", seed, args, first),
+               "start": reference_outcomes("bcsft", seed, args, first)}  # fmt: skip
+    out["wall_s"] = seconds
     for record in records:
         out[record["iteration"]] = outcomes_of(record["stages"]["policy"]["run_dir"])
         collect = record["collect"]
@@ -138,6 +220,8 @@ def summarize(results: dict, args) -> tuple[list[str], dict]:
                 f"{settings[0]} loop's; they must share a run root per seed"
             )
     points = [("bc", None, "bc", bc)]
+    if "start" in results[(seeds[0], settings[0])]:  # --base-work: policy 0 (bcsft) as well
+        points.insert(0, ("policy 0 (bcsft)", None, "start", won(settings[0], "start")))
     points += [(f"{s} iter {k}", s, k, won(s, k)) for s in settings for k in ks]
     for name, setting, k, outcome in points:
         rate = rate_interval(outcome)
@@ -176,6 +260,8 @@ def result_line(figures: dict, args, wall_s: float) -> str:
     points = figures["points"]
     fields = [f"seeds={len(args.seeds)}", f"episodes={args.episodes}",
               f"collect={args.collect_episodes}", f"bc={points['bc']['mean']:.3f}"]  # fmt: skip
+    if "policy 0 (bcsft)" in points:
+        fields.insert(3, f"start={points['policy 0 (bcsft)']['mean']:.3f}")
     met = {}
     for setting in (s for s in SETTINGS if s in args.settings):
         for k in range(1, args.iterations + 1):
@@ -208,6 +294,9 @@ def figure(figures: dict, args, path: Path) -> None:
         highs = [e["interval"][1] - e["mean"] for e in chain]
         ax.errorbar(x, means, yerr=[lows, highs], fmt="o-", capsize=4, color=f"C{n}",
                     label=setting)  # fmt: skip
+    if "policy 0 (bcsft)" in figures["points"]:
+        ax.axhline(figures["points"]["policy 0 (bcsft)"]["mean"], color="grey", linestyle="--",
+                   label="policy 0 (bcsft)")  # fmt: skip
     ax.set_xticks(ks, ["BC"] + [f"iter {k}" for k in ks[1:]])
     ax.set_ylabel("success rate")
     ax.set_title(f"iterative RECAP on the demo: seeds {list(args.seeds)}, "
@@ -246,6 +335,10 @@ def main() -> None:
                         help="the demo with the targets in the state (demo/state.gin)")  # fmt: skip
     parser.add_argument("--sft-episodes", type=int, default=300, help="demo data size")
     parser.add_argument("--rollout-episodes", type=int, default=300, help="demo data size")
+    parser.add_argument("--base-work", type=Path, default=None,
+                        help="a bench/recap_vs_bc.py work directory: start from its bcsft "
+                        "policies in RLinf's recipe (sft_rlinf), BC = its sft_bc runs")  # fmt: skip
+    parser.add_argument("--base-steps", type=int, default=3000, help="its bcsft --steps")
     parser.add_argument("--quick", action="store_true", help="tiny budget: check the machinery")
     args = parser.parse_args()
     if args.quick:
@@ -253,6 +346,8 @@ def main() -> None:
         args.policy_steps = args.baseline_steps = args.value_steps = 20
         args.sft_episodes = args.rollout_episodes = 20
         args.ranks = 1
+    if args.base_work is not None:
+        args.base_work = args.base_work.resolve()  # before the chdir below
     work = Path(args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
     os.chdir(work)  # the demo gin files read demo_data/ and write runs/ relative to here

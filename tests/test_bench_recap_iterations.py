@@ -90,7 +90,7 @@ def test_settings_must_share_the_baseline(bench):
 def test_the_loop_bindings_name_the_seed_setting_and_budget(bench):
     a = SimpleNamespace(episodes=200, iterations=2, collect_episodes=100, policy_init="finetune",
                         state_targets=True, value_steps=500, policy_steps=1000,
-                        baseline_steps=3000, ranks=2)  # fmt: skip
+                        baseline_steps=3000, ranks=2, base_work=None)  # fmt: skip
     params = bench.loop_params(1, "corrected", a)
     assert params[:3] == [
         'pipeline.run_root = "runs/s1"',
@@ -104,3 +104,65 @@ def test_the_loop_bindings_name_the_seed_setting_and_budget(bench):
     a.ranks = 1
     assert bench.loop_params(0, "plain", a)[-2:] == ["pipeline.ranks = 1",
                                                      'pipeline.launcher = "python"']  # fmt: skip
+
+
+def base_args(base: Path) -> SimpleNamespace:
+    return SimpleNamespace(episodes=200, iterations=2, collect_episodes=200,
+                           policy_init="retrain", state_targets=True, value_steps=500,
+                           policy_steps=1000, baseline_steps=3000, ranks=2, base_work=base,
+                           base_steps=3000)  # fmt: skip
+
+
+def test_the_expert_first_loop_starts_from_bcsft_in_rlinfs_recipe(bench, tmp_path):
+    a = base_args(tmp_path)
+    missing = r"bcsft_s1_3000: no model.safetensors; run bench/recap_vs_bc.py --work .* --arms "
+    with pytest.raises(SystemExit, match=missing + "sft_bc --seeds 1 first"):
+        bench.loop_params(1, "plain", a)
+    start = tmp_path / "runs" / "bcsft_s1_3000"
+    start.mkdir(parents=True)
+    (start / "model.safetensors").write_bytes(b"")
+    params = bench.loop_params(1, "plain", a)
+    assert params[-8:] == [
+        "pipeline.steps = {'returns': ['demo/returns.gin'], 'value': ['demo/value.gin'], "
+        "'advantages': ['demo/advantages.gin'], 'policy': ['demo/finetune.gin'], "
+        "'baseline': ['demo/policy_bc.gin']}",
+        'pipeline.stages = ["returns", "value", "advantages", "policy", "evaluate_policy"]',
+        f'iterate.start_run = "{start}"',
+        'iterate.policy_init = "finetune"',  # after --policy-init's: the later binding wins
+        f'policy:BASE_POLICY = "{start}"',
+        "policy:policy_data.dropout = 0.1",
+        'policy:policy_data.label_position = "action"',
+        "advantages:compute_advantages.force_sft_positive = True",
+    ]
+    assert bench.base_run("sft_bc", 2, a) == tmp_path / "runs" / "sft_bc_s2_bcsft3000_ft1000"
+
+
+def test_the_reference_runs_must_be_evaluated_on_the_loops_episodes(bench, tmp_path):
+    import json
+
+    a = base_args(tmp_path)
+    run = tmp_path / "runs" / "sft_bc_s0_bcsft3000_ft1000"
+    run.mkdir(parents=True)
+    record = {"num_episodes": 3, "seed": 1000, "outcomes": {"beta_1": [1, 0, 1]}}
+    (run / "closed_loop.json").write_text(json.dumps(record))
+    assert bench.reference_outcomes("sft_bc", 0, a, {"num_episodes": 3, "seed": 1000}) == [1, 0, 1]
+    other = (r"closed_loop.json: 3 episodes from layout seed 1000, the loop evaluates 3 from "
+             r"2000; rerun that arm with --episodes 3$")  # fmt: skip
+    with pytest.raises(SystemExit, match=other):
+        bench.reference_outcomes("sft_bc", 0, a, {"num_episodes": 3, "seed": 2000})
+    with pytest.raises(SystemExit, match=r"bcsft_s0_3000/closed_loop.json not found"):
+        bench.reference_outcomes("bcsft", 0, a, {"num_episodes": 3, "seed": 1000})
+
+
+def test_policy_0_is_a_row_of_its_own_when_the_loop_starts_from_bcsft(bench):
+    out = results({"plain": (0.2, 0.3, 0.4), "corrected": (0.2, 0.35, 0.45)})
+    for key in out:
+        out[key]["start"] = outcomes(0.6, 200, key[0])
+    lines, figures = bench.summarize(out, args())
+    assert [line.split(" | ")[0].strip() for line in lines[1:3]] == ["policy 0 (bcsft)", "bc"]
+    assert lines[1].startswith("policy 0 (bcsft) |  0.600 |  0.600 |  0.600 | 0.600 | [")
+    assert figures["points"]["policy 0 (bcsft)"]["iteration"] == "start"
+    assert "vs_previous" not in figures["points"]["policy 0 (bcsft)"]
+    assert figures["points"]["plain iter 1"]["vs_previous"]["mean"] == pytest.approx(0.1)
+    result = bench.result_line(figures, args(), 10.0)
+    assert result.startswith("RESULT: seeds=3 episodes=200 collect=100 start=0.600 bc=0.200 ")
