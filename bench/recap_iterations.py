@@ -56,6 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from recap_vs_bc import log_run, run  # noqa: E402  (one runner and MLflow record for both)
 
 SETTINGS = ("plain", "corrected")
+SFT_ONLY = '{"name": "sft", "root": "sft", "type": "sft"}'  # the demo's expert demonstrations
 TARGET = ("RECAP iteration 1 > BC and iteration 2 > iteration 1, non-overlapping 95% intervals, "
           ">= 3 seeds x >= 200 episodes")  # fmt: skip
 
@@ -119,7 +120,9 @@ def expert_first_params(seed: int, args) -> list[str]:
     expert-only BC policy (``bcsft``), each iteration fine-tunes the policy before it
     (``demo/finetune.gin``: lr 3e-4 cosine, bcsft's normalization throughout) with the
     demonstrations forced positive, label dropout 0.1 and the label after the state; no
-    baseline is trained (BC is the benchmark's ``sft_bc``)."""
+    baseline is trained (BC is the benchmark's ``sft_bc``). ``--base-data sft``: the value
+    model, Step 3 and the policy see the demonstrations and the collected episodes only, not the
+    demo's scripted noisy rollouts (the paper's loop: SFT data plus the policy's own episodes)."""
     start = base_run("bcsft", seed, args)
     if not (start / "model.safetensors").is_file():
         raise SystemExit(f"error: {start}: no model.safetensors; run bench/recap_vs_bc.py "
@@ -127,7 +130,13 @@ def expert_first_params(seed: int, args) -> list[str]:
     steps = {"returns": ["demo/returns.gin"], "value": ["demo/value.gin"],
              "advantages": ["demo/advantages.gin"], "policy": ["demo/finetune.gin"],
              "baseline": ["demo/policy_bc.gin"]}  # fmt: skip
+    own = []
+    if args.base_data == "sft":  # the paper's loop: demonstrations + the policy's own episodes
+        own = [f"{step}:{prefix}.datasets = [{SFT_ONLY}]" for step, prefix in
+               (("value", "value_data"), ("advantages", "compute_advantages"),
+                ("policy", "policy_data"))]  # fmt: skip
     return [
+        *own,
         f"pipeline.steps = {steps!r}",
         'pipeline.stages = ["returns", "value", "advantages", "policy", "evaluate_policy"]',
         f'iterate.start_run = "{start}"',
@@ -339,6 +348,10 @@ def main() -> None:
                         help="a bench/recap_vs_bc.py work directory: start from its bcsft "
                         "policies in RLinf's recipe (sft_rlinf), BC = its sft_bc runs")  # fmt: skip
     parser.add_argument("--base-steps", type=int, default=3000, help="its bcsft --steps")
+    parser.add_argument("--base-data", default="demo", choices=["demo", "sft"],
+                        help="with --base-work, the data each iteration adds its episodes to: "
+                        "the demo's (demonstrations + scripted rollouts) or the demonstrations "
+                        "only (the paper's loop)")  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="tiny budget: check the machinery")
     args = parser.parse_args()
     if args.quick:

@@ -110,7 +110,7 @@ def base_args(base: Path) -> SimpleNamespace:
     return SimpleNamespace(episodes=200, iterations=2, collect_episodes=200,
                            policy_init="retrain", state_targets=True, value_steps=500,
                            policy_steps=1000, baseline_steps=3000, ranks=2, base_work=base,
-                           base_steps=3000)  # fmt: skip
+                           base_steps=3000, base_data="demo")  # fmt: skip
 
 
 def test_the_expert_first_loop_starts_from_bcsft_in_rlinfs_recipe(bench, tmp_path):
@@ -135,6 +135,13 @@ def test_the_expert_first_loop_starts_from_bcsft_in_rlinfs_recipe(bench, tmp_pat
         "advantages:compute_advantages.force_sft_positive = True",
     ]
     assert bench.base_run("sft_bc", 2, a) == tmp_path / "runs" / "sft_bc_s2_bcsft3000_ft1000"
+    a.base_data = "sft"  # the paper's loop: the demonstrations and the policy's own episodes
+    own = bench.loop_params(1, "plain", a)
+    sft = '[{"name": "sft", "root": "sft", "type": "sft"}]'
+    assert own[-11:-8] == [f"value:value_data.datasets = {sft}",
+                           f"advantages:compute_advantages.datasets = {sft}",
+                           f"policy:policy_data.datasets = {sft}"]  # fmt: skip
+    assert own[-8:] == params[-8:]
 
 
 def test_the_reference_runs_must_be_evaluated_on_the_loops_episodes(bench, tmp_path):
