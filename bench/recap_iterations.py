@@ -25,13 +25,14 @@ iterations are skipped on rerun (``recap-iterate``'s markers), so an interrupted
         --state-targets                                   # from bcsft, RLinf's recipe
 
 ``--base-work DIR`` (a ``bench/recap_vs_bc.py`` work directory run with ``--state-targets`` and
-the ``sft_bc`` arm: the expert-first setting where RECAP's effect exceeded the noise, ``sft_rlinf``
-there): policy 0 is the seed's ``bcsft`` run (behaviour cloning on the expert demonstrations
-only), every iteration fine-tunes the policy before it for ``--policy-steps`` steps
+the ``bcsft`` arm: the expert-first setting where RECAP's effect exceeded the noise, ``sft_rlinf``
+there): policy 0 and BC is the seed's ``bcsft`` run (behaviour cloning on the expert
+demonstrations only; the paper's SFT policy), its evaluation checked to be on the loop's
+episodes; every iteration fine-tunes the policy before it for ``--policy-steps`` steps
 (``demo/finetune.gin``, bcsft's normalization) with the demonstrations forced positive in Step 3,
-label dropout 0.1 and the label after the state, and no baseline is trained: ``bc`` is that
-benchmark's ``sft_bc`` (bcsft fine-tuned with plain BC on the same demo data), checked to be
-evaluated on the loop's episodes; policy 0's own success is a row of the table.
+label dropout 0.1 and the label after the state (RLinf's recipe), over the demo data
+(``--base-data demo``) or the demonstrations only (``sft``, the paper's loop) plus every
+collection so far; no baseline is trained.
 
 Cost on 2 CPU cores: per seed the baseline, then per setting and iteration a collection, a value
 model, Step 3 and a policy (``--policy-steps``, fine-tuned from policy k-1 by default) and a
@@ -120,13 +121,13 @@ def expert_first_params(seed: int, args) -> list[str]:
     expert-only BC policy (``bcsft``), each iteration fine-tunes the policy before it
     (``demo/finetune.gin``: lr 3e-4 cosine, bcsft's normalization throughout) with the
     demonstrations forced positive, label dropout 0.1 and the label after the state; no
-    baseline is trained (BC is the benchmark's ``sft_bc``). ``--base-data sft``: the value
+    baseline is trained (BC is policy 0). ``--base-data sft``: the value
     model, Step 3 and the policy see the demonstrations and the collected episodes only, not the
     demo's scripted noisy rollouts (the paper's loop: SFT data plus the policy's own episodes)."""
     start = base_run("bcsft", seed, args)
     if not (start / "model.safetensors").is_file():
         raise SystemExit(f"error: {start}: no model.safetensors; run bench/recap_vs_bc.py "
-                         f"--work {args.base_work} --arms sft_bc --seeds {seed} first")  # fmt: skip
+                         f"--work {args.base_work} --arms bcsft --seeds {seed} first")  # fmt: skip
     steps = {"returns": ["demo/returns.gin"], "value": ["demo/value.gin"],
              "advantages": ["demo/advantages.gin"], "policy": ["demo/finetune.gin"],
              "baseline": ["demo/policy_bc.gin"]}  # fmt: skip
@@ -155,7 +156,7 @@ def reference_outcomes(arm: str, seed: int, args, loop_record: dict) -> list[int
     path = base_run(arm, seed, args) / "closed_loop.json"
     if not path.is_file():
         raise SystemExit(f"error: {path} not found; run bench/recap_vs_bc.py --work "
-                         f"{args.base_work} --arms sft_bc --seeds {seed} --episodes "
+                         f"{args.base_work} --arms bcsft --seeds {seed} --episodes "
                          f"{args.episodes} first")  # fmt: skip
     record = json.loads(path.read_text())
     theirs, ours = (record.get("num_episodes"), record.get("seed")), (
@@ -197,8 +198,7 @@ def loop_outcomes(seed: int, setting: str, args, log: Path) -> dict:
         out: dict = {"bc": outcomes_of(records[0]["stages"]["baseline"]["run_dir"])}
     else:
         first = evaluation_of(records[0]["stages"]["policy"]["run_dir"])
-        out = {"bc": reference_outcomes("sft_bc", seed, args, first),
-               "start": reference_outcomes("bcsft", seed, args, first)}  # fmt: skip
+        out = {"bc": reference_outcomes("bcsft", seed, args, first)}
     out["wall_s"] = seconds
     for record in records:
         out[record["iteration"]] = outcomes_of(record["stages"]["policy"]["run_dir"])
@@ -229,8 +229,6 @@ def summarize(results: dict, args) -> tuple[list[str], dict]:
                 f"{settings[0]} loop's; they must share a run root per seed"
             )
     points = [("bc", None, "bc", bc)]
-    if "start" in results[(seeds[0], settings[0])]:  # --base-work: policy 0 (bcsft) as well
-        points.insert(0, ("policy 0 (bcsft)", None, "start", won(settings[0], "start")))
     points += [(f"{s} iter {k}", s, k, won(s, k)) for s in settings for k in ks]
     for name, setting, k, outcome in points:
         rate = rate_interval(outcome)
@@ -269,8 +267,6 @@ def result_line(figures: dict, args, wall_s: float) -> str:
     points = figures["points"]
     fields = [f"seeds={len(args.seeds)}", f"episodes={args.episodes}",
               f"collect={args.collect_episodes}", f"bc={points['bc']['mean']:.3f}"]  # fmt: skip
-    if "policy 0 (bcsft)" in points:
-        fields.insert(3, f"start={points['policy 0 (bcsft)']['mean']:.3f}")
     met = {}
     for setting in (s for s in SETTINGS if s in args.settings):
         for k in range(1, args.iterations + 1):
@@ -303,9 +299,6 @@ def figure(figures: dict, args, path: Path) -> None:
         highs = [e["interval"][1] - e["mean"] for e in chain]
         ax.errorbar(x, means, yerr=[lows, highs], fmt="o-", capsize=4, color=f"C{n}",
                     label=setting)  # fmt: skip
-    if "policy 0 (bcsft)" in figures["points"]:
-        ax.axhline(figures["points"]["policy 0 (bcsft)"]["mean"], color="grey", linestyle="--",
-                   label="policy 0 (bcsft)")  # fmt: skip
     ax.set_xticks(ks, ["BC"] + [f"iter {k}" for k in ks[1:]])
     ax.set_ylabel("success rate")
     ax.set_title(f"iterative RECAP on the demo: seeds {list(args.seeds)}, "
@@ -346,7 +339,7 @@ def main() -> None:
     parser.add_argument("--rollout-episodes", type=int, default=300, help="demo data size")
     parser.add_argument("--base-work", type=Path, default=None,
                         help="a bench/recap_vs_bc.py work directory: start from its bcsft "
-                        "policies in RLinf's recipe (sft_rlinf), BC = its sft_bc runs")  # fmt: skip
+                        "policies (policy 0 and BC) in RLinf's recipe (sft_rlinf)")  # fmt: skip
     parser.add_argument("--base-steps", type=int, default=3000, help="its bcsft --steps")
     parser.add_argument("--base-data", default="demo", choices=["demo", "sft"],
                         help="with --base-work, the data each iteration adds its episodes to: "

@@ -116,7 +116,7 @@ def base_args(base: Path) -> SimpleNamespace:
 def test_the_expert_first_loop_starts_from_bcsft_in_rlinfs_recipe(bench, tmp_path):
     a = base_args(tmp_path)
     missing = r"bcsft_s1_3000: no model.safetensors; run bench/recap_vs_bc.py --work .* --arms "
-    with pytest.raises(SystemExit, match=missing + "sft_bc --seeds 1 first"):
+    with pytest.raises(SystemExit, match=missing + "bcsft --seeds 1 first"):
         bench.loop_params(1, "plain", a)
     start = tmp_path / "runs" / "bcsft_s1_3000"
     start.mkdir(parents=True)
@@ -159,17 +159,3 @@ def test_the_reference_runs_must_be_evaluated_on_the_loops_episodes(bench, tmp_p
         bench.reference_outcomes("sft_bc", 0, a, {"num_episodes": 3, "seed": 2000})
     with pytest.raises(SystemExit, match=r"bcsft_s0_3000/closed_loop.json not found"):
         bench.reference_outcomes("bcsft", 0, a, {"num_episodes": 3, "seed": 1000})
-
-
-def test_policy_0_is_a_row_of_its_own_when_the_loop_starts_from_bcsft(bench):
-    out = results({"plain": (0.2, 0.3, 0.4), "corrected": (0.2, 0.35, 0.45)})
-    for key in out:
-        out[key]["start"] = outcomes(0.6, 200, key[0])
-    lines, figures = bench.summarize(out, args())
-    assert [line.split(" | ")[0].strip() for line in lines[1:3]] == ["policy 0 (bcsft)", "bc"]
-    assert lines[1].startswith("policy 0 (bcsft) |  0.600 |  0.600 |  0.600 | 0.600 | [")
-    assert figures["points"]["policy 0 (bcsft)"]["iteration"] == "start"
-    assert "vs_previous" not in figures["points"]["policy 0 (bcsft)"]
-    assert figures["points"]["plain iter 1"]["vs_previous"]["mean"] == pytest.approx(0.1)
-    result = bench.result_line(figures, args(), 10.0)
-    assert result.startswith("RESULT: seeds=3 episodes=200 collect=100 start=0.600 bc=0.200 ")
