@@ -31,7 +31,9 @@ with ``demo/finetune.gin`` (the base's normalization, lr 3e-4 cosine):
 - ``sft_oracle_d01``: the same with label dropout 0.1 (RLinf's) instead of 0.3 (the paper's):
   whether more conditioned training separates the two prompts further (compared with ``sft_bc``);
 - ``sft_filtered``: the base fine-tuned with BC on the oracle-positive frames only (the frames of
-  successful episodes; compared with ``sft_bc``): whether the positive mode itself is good data.
+  successful episodes; compared with ``sft_bc``): whether the positive mode itself is good data;
+- ``sft_more``: the base fine-tuned with BC on the demonstrations only (compared with ``bcsft``):
+  what the fine-tuning steps alone add, the control of ``bench/recap_iterations.py --base-work``.
 
 The seed is ``train.seed`` (model init, data order, and through ``policy_data.seed``'s default the
 label dropout and mixture). Per arm and seed the success rate; per comparison with BC the mean
@@ -100,6 +102,12 @@ ARMS = {
         ["demo/finetune.gin"],
         ['policy_data.advantages_tag = "oracle"', 'policy_data.conditioning = "filtered"'],
     ),
+    # More SFT: the base fine-tuned with plain BC on the demonstrations only, the training a
+    # fine-tune adds without any rollout (the control of bench/recap_iterations.py --base-work).
+    "sft_more": (
+        ["demo/finetune.gin"],
+        ['policy_data.conditioning = "none"', f"policy_data.datasets = [{SFT_ONLY}]"],
+    ),
 }
 CONDITIONED = ("recap", "oracle", "ft", "lora", "sft_recap", "sft_recap_forced", "sft_rlinf",
                "sft_oracle", "sft_oracle_d01")  # fmt: skip
@@ -107,7 +115,8 @@ SFT_ARMS = [arm for arm in ARMS if arm.startswith("sft_")]  # every fine-tune of
 # Fine-tuned arms and the arm whose run of the same seed they start from (trained first).
 FINETUNED = {"ft": "bc", "lora": "bc", **{arm: "bcsft" for arm in SFT_ARMS}}
 # What each arm is compared with (paired, same seeds and episodes); every other arm: bc.
-BASELINE = {"sft_bc": "bcsft", **{arm: "sft_bc" for arm in SFT_ARMS if arm != "sft_bc"}}
+OF_BCSFT = ("sft_bc", "sft_more")  # compared with the base itself
+BASELINE = {**{arm: "sft_bc" for arm in SFT_ARMS}, **{arm: "bcsft" for arm in OF_BCSFT}}
 TARGET = "RECAP(beta=1) - BC >= 15 points, 95% CI excluding 0, >= 3 seeds x >= 200 episodes"
 DATASETS = ("sft", "rollout")
 

@@ -170,3 +170,14 @@ def test_rlinfs_full_recipe_has_its_own_fields_after_the_forced_labels(bench):
     expected = (f"met_sft_forced=no sft_rlinf_b1=0.750 sft_rlinf_b1_minus_bc=+0.375 "
                 f"sft_rlinf_ci=[{low:+.3f},{high:+.3f}] met_sft_rlinf=no wall_s=3 ")  # fmt: skip
     assert expected in result
+
+
+def test_more_sft_is_plain_bc_on_the_demonstrations_compared_with_the_base(bench):
+    files, params = bench.ARMS["sft_more"]
+    assert files == ["demo/finetune.gin"]
+    sft = '[{"name": "sft", "root": "sft", "type": "sft"}]'
+    assert params == ['policy_data.conditioning = "none"', f"policy_data.datasets = {sft}"]
+    assert bench.BASELINE["sft_more"] == "bcsft" and bench.BASELINE["sft_bc"] == "bcsft"
+    assert bench.BASELINE["sft_rlinf"] == "sft_bc" and "sft_more" not in bench.CONDITIONED
+    assert bench.FINETUNED["sft_more"] == "bcsft"
+    assert bench.arms_with_dependencies(["sft_more"]) == ["bc", "bcsft", "sft_more"]
