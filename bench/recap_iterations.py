@@ -32,7 +32,9 @@ episodes; every iteration fine-tunes the policy before it for ``--policy-steps``
 (``demo/finetune.gin``, bcsft's normalization) with the demonstrations forced positive in Step 3,
 label dropout 0.1 and the label after the state (RLinf's recipe), over the demo data
 (``--base-data demo``) or the demonstrations only (``sft``, the paper's loop) plus every
-collection so far; no baseline is trained.
+collection so far; no baseline is trained. When that directory has the seeds' ``sft_more``
+runs (bcsft fine-tuned with plain BC on the demonstrations alone, ``--policy-steps`` steps), the
+table adds them as the control ``more SFT`` and each iteration's paired difference with it.
 
 Cost on 2 CPU cores: per seed the baseline, then per setting and iteration a collection, a value
 model, Step 3 and a policy (``--policy-steps``, fine-tuned from policy k-1 by default) and a
@@ -199,6 +201,8 @@ def loop_outcomes(seed: int, setting: str, args, log: Path) -> dict:
     else:
         first = evaluation_of(records[0]["stages"]["policy"]["run_dir"])
         out = {"bc": reference_outcomes("bcsft", seed, args, first)}
+        if (base_run("sft_more", seed, args) / "closed_loop.json").is_file():
+            out["control"] = reference_outcomes("sft_more", seed, args, first)
     out["wall_s"] = seconds
     for record in records:
         out[record["iteration"]] = outcomes_of(record["stages"]["policy"]["run_dir"])
@@ -244,6 +248,8 @@ def summarize(results: dict, args) -> tuple[list[str], dict]:
             entry["vs_previous"] = {"mean": diff.mean, "interval": [diff.low, diff.high]}
         lines.append(row)
         figures["points"][name] = entry
+    if all("control" in r for r in results.values()):  # --base-work with sft_more runs
+        lines += control_lines(won, bc, settings, ks, figures)
     for setting in settings:
         for k in ks:
             rates = [results[(seed, setting)][f"collect_{k}"]["success"] for seed in seeds]
@@ -253,6 +259,30 @@ def summarize(results: dict, args) -> tuple[list[str], dict]:
     walls = [results[key]["wall_s"] for key in results]
     figures["wall_s"] = float(np.sum(walls))
     return lines, figures
+
+
+def control_lines(won, bc: np.ndarray, settings: list[str], ks: list[int], figures: dict):
+    """The more-SFT control (policy 0 fine-tuned with plain BC on the demonstrations alone, as
+    many steps as an iteration adds): its row, and each iteration's paired difference with it,
+    so a gain the extra training alone gives is not read as the loop's."""
+    control = won(settings[0], "control")
+    rate, diff = rate_interval(control), paired_bootstrap(control, bc)
+    row = f"{'more SFT':<16} | " + " | ".join(f"{r:6.3f}" for r in control.mean(1))
+    row += f" | {rate.mean:.3f} | [{rate.low:.3f}, {rate.high:.3f}]"
+    row += f" | {diff.mean:+.3f} [{diff.low:+.3f}, {diff.high:+.3f}] vs bc"
+    figures["points"]["more SFT"] = {
+        "per_seed": control.mean(1).tolist(), "mean": rate.mean, "interval": [rate.low, rate.high],
+        "setting": None, "iteration": "control",
+        "vs_bc": {"mean": diff.mean, "interval": [diff.low, diff.high]}}  # fmt: skip
+    lines = [row]
+    for setting in settings:
+        for k in ks:
+            diff = paired_bootstrap(won(setting, k), control)
+            figures["points"][f"{setting} iter {k}"]["vs_control"] = {
+                "mean": diff.mean, "interval": [diff.low, diff.high]}  # fmt: skip
+            lines.append(f"{setting} iter {k} vs more SFT: {diff.mean:+.3f} "
+                         f"[{diff.low:+.3f}, {diff.high:+.3f}]")  # fmt: skip
+    return lines
 
 
 def meets(figures: dict, setting: str, args) -> bool:
@@ -267,6 +297,8 @@ def result_line(figures: dict, args, wall_s: float) -> str:
     points = figures["points"]
     fields = [f"seeds={len(args.seeds)}", f"episodes={args.episodes}",
               f"collect={args.collect_episodes}", f"bc={points['bc']['mean']:.3f}"]  # fmt: skip
+    if "more SFT" in points:
+        fields.append(f"more_sft={points['more SFT']['mean']:.3f}")
     met = {}
     for setting in (s for s in SETTINGS if s in args.settings):
         for k in range(1, args.iterations + 1):
@@ -275,6 +307,9 @@ def result_line(figures: dict, args, wall_s: float) -> str:
             fields += [f"{setting}_iter{k}={entry['mean']:.3f}",
                        f"{setting}_iter{k}_minus_previous={entry['vs_previous']['mean']:+.3f}",
                        f"{setting}_iter{k}_ci=[{low:+.3f},{high:+.3f}]"]  # fmt: skip
+            if "vs_control" in entry:
+                fields.append(f"{setting}_iter{k}_minus_more_sft="
+                              f"{entry['vs_control']['mean']:+.3f}")  # fmt: skip
         met[setting] = meets(figures, setting, args)
         fields.append(f"met_{setting}={'yes' if met[setting] else 'no'}")
     fields += [f"wall_s={wall_s:.0f}", f'target="{TARGET}"',

@@ -159,3 +159,25 @@ def test_the_reference_runs_must_be_evaluated_on_the_loops_episodes(bench, tmp_p
         bench.reference_outcomes("sft_bc", 0, a, {"num_episodes": 3, "seed": 2000})
     with pytest.raises(SystemExit, match=r"bcsft_s0_3000/closed_loop.json not found"):
         bench.reference_outcomes("bcsft", 0, a, {"num_episodes": 3, "seed": 1000})
+
+
+def test_the_more_sft_control_is_a_row_and_each_iterations_difference_with_it(bench):
+    out = results({"plain": (0.5, 0.6, 0.7), "corrected": (0.5, 0.65, 0.75)})
+    for key in out:
+        out[key]["control"] = outcomes(0.6, 200, key[0])
+    lines, figures = bench.summarize(out, args())
+    assert lines[6].startswith("more SFT         |  0.600 |  0.600 |  0.600 | 0.600 | [")
+    assert lines[6].endswith(" vs bc")
+    assert figures["points"]["more SFT"]["vs_bc"]["mean"] == pytest.approx(0.1)
+    assert figures["points"]["plain iter 1"]["vs_control"]["mean"] == pytest.approx(0.0)
+    assert figures["points"]["corrected iter 2"]["vs_control"]["mean"] == pytest.approx(0.15)
+    assert lines[7].startswith("plain iter 1 vs more SFT: +0.000 [")
+    assert lines[10].startswith("corrected iter 2 vs more SFT: +0.150 [")
+    assert lines[11].startswith("collect plain iter 1: ")
+    result = bench.result_line(figures, args(), 5.0)
+    assert " bc=0.500 more_sft=0.600 plain_iter1=0.600 " in result
+    assert " plain_iter1_ci=[" in result and " plain_iter1_minus_more_sft=+0.000 " in result
+    assert " corrected_iter2_minus_more_sft=+0.150 met_corrected=yes " in result
+    del out[(2, "plain")]["control"]  # a seed without the control: no control lines
+    lines, _ = bench.summarize(out, args())
+    assert not any("more SFT" in line for line in lines)
