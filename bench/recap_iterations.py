@@ -15,8 +15,11 @@ Per point (BC, then each iteration per setting): success per seed, mean and 95% 
 iteration k - iteration k-1) the paired difference and its interval. A PNG of success vs
 iteration (per-seed dots, mean and interval per setting) and the table go to MLflow (experiment
 ``bench``, run ``recap_iterations``); the ``RESULT:`` line reports the target: each iteration's
-interval above the previous one's (non-overlapping), 3 seeds x >= 200 episodes. Finished
-iterations are skipped on rerun (``recap-iterate``'s markers), so an interrupted bench continues.
+interval above the previous one's (non-overlapping), 3 seeds x >= 200 episodes. A loop whose
+iterations all have records (``recap.iterate.recorded_iterations``: ``recap-iterate``'s markers)
+is read, not run, so a rerun only summarizes and an interrupted bench continues: the records
+hold even where a later loop over the same base data rewrote the per-iteration returns sidecars
+beside it (same content, new times), which would make ``recap-iterate`` itself run it again.
 
     python bench/recap_iterations.py                      # 3 seeds, both settings, 200 episodes
     python bench/recap_iterations.py --state-targets --sft-episodes 3000 --rollout-episodes 3000
@@ -28,7 +31,8 @@ iterations are skipped on rerun (``recap-iterate``'s markers), so an interrupted
 the ``bcsft`` arm: the expert-first setting where RECAP's effect exceeded the noise, ``sft_rlinf``
 there): policy 0 and BC is the seed's ``bcsft`` run (behaviour cloning on the expert
 demonstrations only; the paper's SFT policy), its evaluation checked to be on the loop's
-episodes; every iteration fine-tunes the policy before it for ``--policy-steps`` steps
+episodes; every iteration fine-tunes the policy before it (``--policy-init finetune``, the
+default; ``retrain``: bcsft, the paper's base checkpoint) for ``--policy-steps`` steps
 (``demo/finetune.gin``, bcsft's normalization) with the demonstrations forced positive in Step 3,
 label dropout 0.1 and the label after the state (RLinf's recipe), over the demo data
 (``--base-data demo``) or the demonstrations only (``sft``, the paper's loop) plus every
@@ -120,8 +124,9 @@ def base_run(arm: str, seed: int, args) -> Path:
 
 def expert_first_params(seed: int, args) -> list[str]:
     """The loop in bench/recap_vs_bc.py's ``sft_rlinf`` setting: policy 0 is the seed's
-    expert-only BC policy (``bcsft``), each iteration fine-tunes the policy before it
-    (``demo/finetune.gin``: lr 3e-4 cosine, bcsft's normalization throughout) with the
+    expert-only BC policy (``bcsft``), each iteration fine-tunes the policy before it or, with
+    ``--policy-init retrain``, bcsft (``demo/finetune.gin``: lr 3e-4 cosine, bcsft's
+    normalization throughout) with the
     demonstrations forced positive, label dropout 0.1 and the label after the state; no
     baseline is trained (BC is policy 0). ``--base-data sft``: the value
     model, Step 3 and the policy see the demonstrations and the collected episodes only, not the
@@ -143,7 +148,6 @@ def expert_first_params(seed: int, args) -> list[str]:
         f"pipeline.steps = {steps!r}",
         'pipeline.stages = ["returns", "value", "advantages", "policy", "evaluate_policy"]',
         f'iterate.start_run = "{start}"',
-        'iterate.policy_init = "finetune"',
         f'policy:BASE_POLICY = "{start}"',
         "policy:policy_data.dropout = 0.1",
         'policy:policy_data.label_position = "action"',
@@ -189,13 +193,20 @@ def outcomes_of(run_dir: str | None) -> list[int]:
 def loop_outcomes(seed: int, setting: str, args, log: Path) -> dict:
     """Run (or skip) the loop; ``{"bc": outcomes, 1: outcomes, ...}`` and the loop's wall time
     and collection figures per iteration, from ``recap-iterate``'s records."""
-    from recap.iterate import run_iterations
+    from recap.iterate import recorded_iterations
 
     params = loop_params(seed, setting, args)
-    start = time.perf_counter()
-    run([sys.executable, "-m", "recap.commands.iterate", *gin_args(params)], log)
-    seconds = time.perf_counter() - start
-    records, _, _ = run_iterations(["demo/iterate.gin"], params)  # all finished: skipped
+    records = recorded_iterations(["demo/iterate.gin"], params)
+    if all(records):  # finished before: its records, even where a later loop over the same
+        seconds = sum(r["wall_s"] for r in records)  # base data rewrote its returns sidecars
+    else:
+        start = time.perf_counter()
+        run([sys.executable, "-m", "recap.commands.iterate", *gin_args(params)], log)
+        seconds = time.perf_counter() - start
+        records = recorded_iterations(["demo/iterate.gin"], params)
+        if not all(records):
+            raise SystemExit(f"error: recap-iterate ended without a record of every iteration "
+                             f"(seed {seed}, {setting}); see {log}")  # fmt: skip
     if args.base_work is None:
         out: dict = {"bc": outcomes_of(records[0]["stages"]["baseline"]["run_dir"])}
     else:

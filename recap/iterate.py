@@ -434,6 +434,22 @@ def finished_iteration(root: Path, it: Iteration) -> dict | None:
     return record
 
 
+def recorded_iterations(files: Sequence[str], params: Sequence[str]) -> list[dict | None]:
+    """Each planned iteration's record as its marker holds it (None for one that never
+    finished), without ``finished_iteration``'s check that its outputs are unchanged since:
+    what a finished loop measured, for reports. Loops over the same base datasets rewrite the
+    same per-iteration returns sidecars (same content, new times), after which a rerun of the
+    earlier loop would run again; its records still say what it measured."""
+    config, scoped, settings = load(files, params)
+    root = root_of(config, settings).resolve()
+    start, _, _ = plan_start(config, scoped, settings)
+    records = []
+    for it in plan_iterations(config, scoped, settings, start):
+        marker = _marker(root, it)
+        records.append(json.loads(marker.read_text()) if marker.is_file() else None)
+    return records
+
+
 # ---- running ------------------------------------------------------------------------------------
 
 

@@ -5,6 +5,7 @@ config errors."""
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import time
 from pathlib import Path
@@ -233,6 +234,37 @@ def test_a_rerun_skips_both_iterations_and_trains_nothing(loop):
     ).fetchone()
     assert count == (2,)
     assert loop["again_wall"] < loop["first_wall"] / 3
+
+
+def test_the_records_of_a_loop_outlive_a_rewrite_of_its_base_returns(loop):
+    """Another loop over the same base data rewrites ``returns_iter1`` beside it (same content,
+    a new time): the iteration no longer counts as finished, its marker's record still reads."""
+    import recap.iterate as iterate
+
+    root = loop["root"]
+    sidecar = root / "data" / "sft" / "meta" / "returns_iter1.parquet"
+    before = sidecar.stat()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(root)
+        params = iterate_params(root)
+        records = iterate.recorded_iterations(["demo/iterate.gin"], params)
+        assert [r["key"] for r in records] == [r["key"] for r in loop["first"]]
+        assert [r["stages"]["policy"]["run_dir"] for r in records] == [
+            r["stages"]["policy"]["run_dir"] for r in loop["first"]]  # fmt: skip
+        config, scoped, settings = iterate.load(["demo/iterate.gin"], params)
+        start, _, _ = iterate.plan_start(config, scoped, settings)
+        first = iterate.plan_iterations(config, scoped, settings, start)[0]
+        where = iterate.root_of(config, settings).resolve()
+        assert iterate.finished_iteration(where, first) is not None
+        try:
+            os.utime(sidecar, ns=(before.st_atime_ns, before.st_mtime_ns + 10**9))
+            assert iterate.finished_iteration(where, first) is None
+            again = iterate.recorded_iterations(["demo/iterate.gin"], params)
+            assert [r["key"] for r in again] == [r["key"] for r in records]
+        finally:
+            os.utime(sidecar, ns=(before.st_atime_ns, before.st_mtime_ns))
+            gin.clear_config()
+        assert iterate.finished_iteration(where, first) is not None
 
 
 def test_the_dry_run_after_the_loop_skips_everything(loop):
