@@ -43,7 +43,9 @@ table adds them as the control ``more SFT`` and each iteration's paired differen
 Cost on 2 CPU cores: per seed the baseline, then per setting and iteration a collection, a value
 model, Step 3 and a policy (``--policy-steps``, fine-tuned from policy k-1 by default) and a
 200-episode evaluation: ~20-30 min per (seed, setting) at the defaults, ~2.5 h for the default
-3 seeds x 2 settings.
+3 seeds x 2 settings. With ``--base-work --base-data sft`` (no baseline to train; ~40-47k frames
+per Step 3) an iteration took 6.7-8.5 min alone (records' ``wall_s``), ~1.5 h for 3 seeds x 2
+settings x 2 iterations.
 """
 
 from __future__ import annotations
