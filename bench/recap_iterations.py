@@ -56,16 +56,21 @@ import os
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
 from recap.core.bootstrap import paired_bootstrap, rate_interval
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from recap_vs_bc import log_run, run  # noqa: E402  (one runner and MLflow record for both)
+from recap_vs_bc import (  # noqa: E402  (one runner, run naming and MLflow record for both)
+    SFT_ONLY,
+    arm_run_dir,
+    log_run,
+    run,
+)
 
 SETTINGS = ("plain", "corrected")
-SFT_ONLY = '{"name": "sft", "root": "sft", "type": "sft"}'  # the demo's expert demonstrations
 TARGET = ("RECAP iteration 1 > BC and iteration 2 > iteration 1, non-overlapping 95% intervals, "
           ">= 3 seeds x >= 200 episodes")  # fmt: skip
 
@@ -117,11 +122,10 @@ def loop_params(seed: int, setting: str, args) -> list[str]:
 
 
 def base_run(arm: str, seed: int, args) -> Path:
-    """A run directory of the ``--base-work`` benchmark (bench/recap_vs_bc.py's names)."""
-    name = f"bcsft_s{seed}_{args.base_steps}"
-    if arm != "bcsft":
-        name = f"{arm}_s{seed}_bcsft{args.base_steps}_ft{args.policy_steps}"
-    return (args.base_work / "runs" / name).resolve()
+    """A run directory of the ``--base-work`` benchmark (its own naming: bcsft's ``--steps``
+    are ``--base-steps`` here, its ``--finetune-steps`` this loop's ``--policy-steps``)."""
+    sizes = SimpleNamespace(steps=args.base_steps, finetune_steps=args.policy_steps)
+    return (args.base_work / arm_run_dir(arm, seed, sizes)).resolve()
 
 
 def expert_first_params(seed: int, args) -> list[str]:
