@@ -9,24 +9,12 @@ frame from a ``torch.Generator``, so a seed reproduces it):
 - ``positive_only_conditional`` (RLinf): positives get the positive text except with probability
   ``prob`` (default ``unconditional_prob`` 0.1); negatives always get the plain task.
 
-π0.5 then writes the task (``clean_prompt``: stripped, ``_`` and newlines to spaces, as openpi,
-so RLinf's ``"{task}\\nAdvantage: positive"`` reads ``"{task} Advantage: positive"``) and, with a
-state, its 256 bins (``discretize_state``) into one text, in a named style (``pi05_prompt``):
-
-- ``openpi`` (``PaligemmaTokenizer``): with state ``"Task: {cleaned}, State: {bins};\\nAction: "``
-  tokenized with BOS; without state (``discrete_state_input=False``, pi05_libero) the cleaned task
-  with BOS, then ``"\\n"`` tokenized on its own.
-- ``lerobot`` (``Pi05PrepareStateTokenizerProcessorStep``): ``"Task: {cleaned}, State:
-  {bins};\\nAction: "`` or ``"Task: {cleaned};\\nAction: "``, with BOS.
-
-A prompt is a tuple of segments: its ids are BOS followed by each segment's ids, every segment
-encoded on its own (``transforms.tokenize_prompts``). ``policy_prompts`` builds the training
-texts, ``inference_prompts`` the conditional/unconditional pair for guided sampling;
-``pad_last`` pads actions/states to 32 dims.
+The prompt texts themselves (styles, label position, state bins) live in
+``recap.processing.prompts``, normalization in ``recap.processing.normalize``; their names are
+re-exported here for older imports.
 
 Labels: the boolean ``advantage`` column of ``meta/advantages_{tag}.parquet`` joined to frames by
-(episode_index, frame_index) (``lookup_labels``). Normalization, exactly openpi's (not clipped):
-x -> (x - q01) / (q99 - q01 + 1e-6) * 2 - 1 and back, with per-dimension quantiles from
+(episode_index, frame_index) (``lookup_labels``). Quantile statistics per dimension come from
 ``meta/stats.json`` (LeRobot v3.0 writes q01/q99), computed from the data columns when absent
 (``quantile_stats``), or from a checkpoint's ``norm_stats.json`` (``recap.data.norm_stats``).
 """
@@ -36,7 +24,6 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -45,30 +32,41 @@ import torch
 
 from recap.core import columns as C
 from recap.errors import RecapError
-
-POSITIVE_TEXT = "Advantage: positive"
-NEGATIVE_TEXT = "Advantage: negative"
-PAPER = "paper"
-POSITIVE_ONLY = "positive_only_conditional"
-MODES = (PAPER, POSITIVE_ONLY)
-DEFAULT_PROB = {PAPER: 0.3, POSITIVE_ONLY: 0.1}
-STATE_BINS = 256
-QUANTILE_EPS = 1e-6
-OPENPI, LEROBOT = "openpi", "lerobot"
-PROMPT_STYLES = (OPENPI, LEROBOT)
-# Where the advantage text goes: in the task text (RLinf and openpi: before the state when the
-# state is in the prompt) or right before the final "Action: " (after the state).
-LABEL_IN_TASK, LABEL_BEFORE_ACTION = "task", "action"
-LABEL_POSITIONS = (LABEL_IN_TASK, LABEL_BEFORE_ACTION)
-ACTION_CUE = "Action: "
-Prompt = tuple[str, ...]  # segments, each tokenized on its own after one BOS
-
-
-def advantage_prompt(task: str, label: bool | None) -> str:
-    """``"{task}\\nAdvantage: positive"`` (True), ``...negative`` (False), ``task`` (None)."""
-    if label is None:
-        return task
-    return f"{task}\n{POSITIVE_TEXT if label else NEGATIVE_TEXT}"
+from recap.processing.normalize import (  # noqa: F401  (re-exported: older imports)
+    QUANTILE_EPS,
+    QuantileStats,
+    normalize_quantile,
+    pad_last,
+    unnormalize_quantile,
+)
+from recap.processing.prompts import (  # noqa: F401  (re-exported: older imports)
+    ACTION_CUE,
+    CONDITIONING,
+    DEFAULT_PROB,
+    FILTERED,
+    LABEL_BEFORE_ACTION,
+    LABEL_IN_TASK,
+    LABEL_POSITIONS,
+    LEROBOT,
+    MODES,
+    NEGATIVE_TEXT,
+    NONE,
+    OPENPI,
+    PAPER,
+    PLAIN,
+    POSITIVE_ONLY,
+    POSITIVE_TEXT,
+    PROMPT_STYLES,
+    STATE_BINS,
+    Prompt,
+    advantage_prompt,
+    check_label_position,
+    check_style,
+    clean_prompt,
+    conditioned_prompt,
+    discretize_state,
+    pi05_prompt,
+)
 
 
 def draw_conditional(
@@ -110,105 +108,6 @@ def condition_tasks(
     texts = [advantage_prompt(t, lab if c else None)
              for t, lab, c in zip(tasks, flags, conditional.tolist())]  # fmt: skip
     return texts, conditional
-
-
-def discretize_state(state: np.ndarray) -> np.ndarray:
-    """int64[..., D] bin of each normalized state value: digitize over linspace(-1, 1, 257)[:-1]
-    minus 1, i.e. 0..255 on [-1, 1] (openpi)."""
-    bins = np.linspace(-1.0, 1.0, STATE_BINS + 1)[:-1]
-    return np.digitize(np.asarray(state, dtype=np.float64), bins).astype(np.int64) - 1
-
-
-def clean_prompt(task: str) -> str:
-    """openpi's (and LeRobot's) cleaning: stripped, ``_`` and newlines to spaces."""
-    return task.strip().replace("_", " ").replace("\n", " ")
-
-
-def check_style(style: str) -> str:
-    if style not in PROMPT_STYLES:
-        raise RecapError(f"policy_data.prompt_style: {style!r} is not one of {list(PROMPT_STYLES)}")
-    return style
-
-
-def pi05_prompt(task: str, state: np.ndarray | None = None, style: str = OPENPI) -> Prompt:
-    """The π0.5 prompt segments of ``task`` (``state`` float[D] normalized, or None): with state
-    ``("Task: {cleaned}, State: {bins};\\nAction: ",)`` in both styles; without, openpi
-    ``(cleaned, "\\n")`` and lerobot ``("Task: {cleaned};\\nAction: ",)``."""
-    check_style(style)
-    cleaned = clean_prompt(task)
-    if state is not None:
-        digits = " ".join(str(int(s)) for s in discretize_state(state))
-        return (f"Task: {cleaned}, State: {digits};\nAction: ",)
-    if style == OPENPI:
-        return (cleaned, "\n")
-    return (f"Task: {cleaned};\nAction: ",)
-
-
-def check_label_position(position: str) -> str:
-    if position not in LABEL_POSITIONS:
-        raise RecapError(f"policy_data.label_position: {position!r} is not one of "
-                         f"{list(LABEL_POSITIONS)}")  # fmt: skip
-    return position
-
-
-def conditioned_prompt(
-    task: str,
-    label: bool | None,
-    state: np.ndarray | None = None,
-    style: str = OPENPI,
-    position: str = LABEL_IN_TASK,
-) -> Prompt:
-    """The π0.5 prompt of ``task`` with ``label``'s advantage text (None: the plain prompt).
-    ``position="task"``: ``pi05_prompt(advantage_prompt(task, label), state, style)``, as RLinf
-    and openpi build it (with the state in the prompt the label precedes the state);
-    ``"action"``: the plain prompt with ``"Advantage: positive\n"`` inserted before its final
-    ``"Action: "`` (after the state); a prompt without that cue (openpi style without state,
-    whose task text already ends the prompt) takes the label in the task text as ``"task"``."""
-    check_label_position(position)
-    if label is None:
-        return pi05_prompt(task, state, style)
-    plain = pi05_prompt(task, state, style)
-    if position == LABEL_IN_TASK or not plain[-1].endswith(ACTION_CUE):
-        return pi05_prompt(advantage_prompt(task, label), state, style)
-    text = POSITIVE_TEXT if label else NEGATIVE_TEXT
-    return (*plain[:-1], plain[-1][: -len(ACTION_CUE)] + f"{text}\n{ACTION_CUE}")
-
-
-def policy_prompts(
-    tasks: Sequence[str],
-    states: np.ndarray | None,
-    labels: np.ndarray | torch.Tensor,
-    mode: str = PAPER,
-    prob: float | None = None,
-    generator: torch.Generator | None = None,
-    style: str = OPENPI,
-) -> tuple[list[Prompt], torch.Tensor]:
-    """Training prompts ``(prompts, conditional bool[N])``: ``pi05_prompt`` of the
-    ``condition_tasks`` texts with each frame's normalized state float[N, D] (or no state)."""
-    texts, conditional = condition_tasks(tasks, labels, mode, prob, generator)
-    rows = [None] * len(texts) if states is None else list(np.asarray(states))
-    return [pi05_prompt(t, s, style) for t, s in zip(texts, rows)], conditional
-
-
-def inference_prompts(
-    tasks: Sequence[str], states: np.ndarray | None, style: str = OPENPI
-) -> tuple[list[Prompt], list[Prompt]]:
-    """``(conditional, unconditional)`` prompts for guided sampling: the positive text, and the
-    plain task (``sample_actions`` batch keys ``input_ids`` / ``uncond_input_ids``)."""
-    rows = [None] * len(tasks) if states is None else list(np.asarray(states))
-    positive = [pi05_prompt(advantage_prompt(t, True), s, style) for t, s in zip(tasks, rows)]
-    return positive, [pi05_prompt(t, s, style) for t, s in zip(tasks, rows)]
-
-
-def pad_last(x: np.ndarray | torch.Tensor, size: int = 32):
-    """``(x zero-padded to [..., size], mask bool[size])`` (True on the original D dims)."""
-    dim = x.shape[-1]
-    if dim > size:
-        raise RecapError(f"feature of {dim} dims exceeds the model's {size}; raise action_dim")
-    mask = np.arange(size) < dim
-    if torch.is_tensor(x):
-        return torch.nn.functional.pad(x, (0, size - dim)), torch.from_numpy(mask)
-    return np.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, size - dim)]), mask
 
 
 def lookup_labels(
@@ -265,51 +164,6 @@ def dataset_labels(
             "recompute the advantages (Step 3) for this dataset"
         )
     return labels
-
-
-@dataclass(frozen=True)
-class QuantileStats:
-    """Per-dimension 1% and 99% quantiles float64[D] of one feature, with its mean and standard
-    deviation when known (openpi's ``norm_stats.json`` requires them; π0.5 reads only q01/q99)."""
-
-    q01: np.ndarray
-    q99: np.ndarray
-    mean: np.ndarray | None = None
-    std: np.ndarray | None = None
-
-    def __len__(self) -> int:
-        return len(self.q01)
-
-    def first(self, dim: int) -> QuantileStats:
-        """The stats of the first ``dim`` dimensions (openpi normalizes with ``q01[:D]``)."""
-        cut = [None if v is None else np.asarray(v)[:dim] for v in (self.mean, self.std)]
-        return QuantileStats(np.asarray(self.q01)[:dim], np.asarray(self.q99)[:dim], *cut)
-
-
-def normalize_quantile(x: np.ndarray | torch.Tensor, stats: QuantileStats):
-    """(x - q01) / (q99 - q01 + 1e-6) * 2 - 1 over the last dim [..., D], not clipped (openpi's
-    ``Normalize(use_quantiles=True)``, LeRobot's QUANTILES): values outside [q01, q99] map
-    outside [-1, 1]."""
-    q01, q99 = _as(stats.q01, x), _as(stats.q99, x)
-    return (x - q01) / (q99 - q01 + QUANTILE_EPS) * 2.0 - 1.0
-
-
-def unnormalize_quantile(y: np.ndarray | torch.Tensor, stats: QuantileStats):
-    """Inverse on the first D dims of y [..., >= D]: (y + 1) / 2 * (q99 - q01 + 1e-6) + q01;
-    padded dims beyond D are dropped."""
-    dim = len(stats.q01)
-    y = y[..., :dim]
-    q01, q99 = _as(stats.q01, y), _as(stats.q99, y)
-    return (y + 1.0) / 2.0 * (q99 - q01 + QUANTILE_EPS) + q01
-
-
-def _as(values: np.ndarray, like):
-    """The stats as ``like``'s kind: a tensor of its dtype, or a float64 array (numpy inputs are
-    normalized in float64, as openpi's float32 data against its float64 statistics, so the state
-    bins fall where openpi's do)."""
-    if torch.is_tensor(like):
-        return torch.as_tensor(values, dtype=like.dtype, device=like.device)
-    return np.asarray(values, dtype=np.float64)
 
 
 def quantile_stats(dataset, keys: Sequence[str]) -> dict[str, QuantileStats]:

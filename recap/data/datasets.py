@@ -35,14 +35,10 @@ from recap.data.lerobot import KeyMap
 from recap.data.loader import FrameDataset, pass_through
 from recap.data.sidecars import read_returns, write_atomic
 from recap.data.specs import DatasetSpec, split_specs
-from recap.data.transforms import (
-    NUM_CAMERAS,
-    build_prompt,
-    load_tokenizer,
-    pack_cameras,
-    tokenize_prompts,
-)
 from recap.errors import DatasetError, RecapError, located
+from recap.processing.cameras import NUM_CAMERAS
+from recap.processing.transforms import RESIZE_ANTIALIAS, load_tokenizer
+from recap.processing.value import ValueProcessor
 
 MIXING = ("proportional", "balanced")
 
@@ -117,6 +113,8 @@ class ValueDataset(Dataset):
         key_maps: dict[str, KeyMap] | None = None,
         mixing: str = "proportional",
         seed: int = 0,
+        resize: str = RESIZE_ANTIALIAS,
+        tokenizer_path: str | None = None,
     ):
         if mixing not in MIXING:
             raise RecapError(f"value_data.mixing: {mixing!r} is not one of {list(MIXING)}")
@@ -127,7 +125,14 @@ class ValueDataset(Dataset):
             for spec in specs
         ]
         self.prompts = prompts
-        self.prompt_ids, self.prompt_mask = tokenize_prompts(tokenizer, prompts, max_length)
+        path = tokenizer_path or getattr(tokenizer, "path", None) or getattr(
+            tokenizer, "name_or_path", "")  # fmt: skip
+        self.processor = ValueProcessor(
+            str(path), (return_range.return_min, return_range.return_max), image_size, resize,
+            self.sources[0].frames.key_map.cameras if self.sources else (), NUM_CAMERAS,
+            max_length,
+        )  # fmt: skip
+        self.prompt_ids, self.prompt_mask = self.processor.tokenize(tokenizer, prompts)
         self.source_of, self.row_of = _virtual_index(
             [len(s.frames) for s in self.sources], [s.spec.weight for s in self.sources], mixing,
             seed,
@@ -150,7 +155,7 @@ class ValueDataset(Dataset):
         target = normalize_returns(joined.column(C.RETURN).to_numpy(), r.offset, r.scale)
         encoded = pc.dictionary_encode(joined.column(C.PROMPT)).combine_chunks()
         first = len(prompts)
-        prompts.extend(build_prompt(t) for t in encoded.dictionary.to_pylist())
+        prompts.extend(ValueProcessor.prompt(t) for t in encoded.dictionary.to_pylist())
         code = encoded.indices.to_numpy().astype(np.int64) + first
         return _Source(spec, frames, target.astype(np.float32), code)
 
@@ -170,7 +175,7 @@ class ValueDataset(Dataset):
             source = self.sources[s]
             batch = source.frames.__getitems__(rows[sel])
             cameras = source.frames.key_map.cameras
-            frames[sel], masks[sel] = pack_cameras(batch["images"], self.image_size, cameras)
+            frames[sel], masks[sel] = self.processor.pack(batch["images"], cameras)
             target[sel] = source.target[rows[sel]]
             code[sel] = source.prompt_code[rows[sel]]
         length = max(int(self.prompt_mask[code].sum(1).max()), 1) if n else 1

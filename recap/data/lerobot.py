@@ -32,6 +32,7 @@ from recap.core.columns import ColumnValueError, as_flags, as_index
 from recap.core.episodes import Episodes, FrameIndexError, find_episodes
 from recap.data.video import VideoCache, decode_image
 from recap.errors import DatasetError, located
+from recap.processing.cameras import slot_order
 
 SUPPORTED_VERSIONS = ("v2.0", "v2.1", "v3.0")
 CAMERA_DTYPES = ("image", "video")
@@ -67,7 +68,7 @@ def detect_key_map(features: Mapping[str, dict], where: object = "meta/info.json
         if all(k in features for k in (*known.cameras, known.state, known.action)):
             return known
     cams = [k for k, f in features.items() if f.get("dtype") in CAMERA_DTYPES]
-    cams.sort(key=lambda k: ("wrist" in k.lower(), "right" in k.lower()))
+    cams = slot_order(cams)  # the one camera rule (recap.processing.transforms)
     state = next((k for k in ("observation.state", "state") if k in features), None)
     action = next((k for k in ("action", "actions") if k in features), None)
     if not cams or state is None or action is None:

@@ -46,33 +46,28 @@ from torch.utils.data import Dataset
 from recap import logs
 from recap.config_check import bound
 from recap.core import columns as C
-from recap.data.conditioning import (
-    LABEL_IN_TASK,
-    MODES,
-    OPENPI,
-    Prompt,
-    QuantileStats,
-    check_label_position,
-    check_style,
-    conditioned_prompt,
-    dataset_labels,
-    draw_conditional,
-    epoch_seed,
-    normalize_quantile,
-    pad_last,
-    quantile_stats,
-)
+from recap.data.conditioning import dataset_labels, draw_conditional, epoch_seed, quantile_stats
 from recap.data.datasets import MIXING, _virtual_index
 from recap.data.lerobot import KeyMap, LocalDataset, detect_key_map
 from recap.data.loader import FrameDataset, pass_through
 from recap.data.specs import DatasetSpec, split_specs
-from recap.data.transforms import NUM_CAMERAS, load_tokenizer, pack_cameras
 from recap.errors import DatasetError, RecapError, located
+from recap.processing.cameras import NUM_CAMERAS
+from recap.processing.normalize import LEROBOT_FORMULA, OPENPI_FORMULA, QuantileStats
+from recap.processing.pi05 import Pi05Processor
+from recap.processing.prompts import (  # noqa: F401  (CONDITIONING, PLAIN: re-exported)
+    CONDITIONING,
+    FILTERED,
+    LABEL_IN_TASK,
+    NONE,
+    OPENPI,
+    PLAIN,
+    Prompt,
+    check_label_position,
+    check_style,
+)
+from recap.processing.transforms import load_tokenizer
 
-NONE = "none"  # conditioning mode of the behaviour-cloning baseline
-FILTERED = "filtered"  # filtered behaviour cloning: the positive frames only, plain prompts
-CONDITIONING = (*MODES, NONE, FILTERED)
-PLAIN = (NONE, FILTERED)  # modes that train on the plain prompt only (one branch, beta 1)
 CHECKPOINT, DATA, AUTO = "checkpoint", "data", "auto"
 NORM_STATS = (CHECKPOINT, DATA, AUTO)
 DEFAULT_ASSET_ID = "recap"  # the asset id of exported stats when policy_data.asset_id is None
@@ -217,6 +212,8 @@ class PolicyDataset(Dataset):
         stats: dict[str, QuantileStats] | None = None,
         prompt_style: str = OPENPI,
         label_position: str = LABEL_IN_TASK,
+        tokenizer_path: str | None = None,
+        normalization: str = OPENPI_FORMULA,
     ):
         if conditioning not in CONDITIONING:
             raise RecapError(f"policy_data.conditioning: {conditioning!r} is not one of "
@@ -249,7 +246,22 @@ class PolicyDataset(Dataset):
         self.dropout, self.seed = dropout, int(seed)
         self._draws: dict[int, np.ndarray] = {}
         self.conditional = self.conditional_in(0)  # epoch 0 (evaluation uses plain indices)
-        self._cache: dict[Prompt, list[int]] = {}
+        path = tokenizer_path or getattr(tokenizer, "path", None) or getattr(
+            tokenizer, "name_or_path", "")  # fmt: skip
+        self.processor = Pi05Processor(
+            tokenizer=str(path), action_horizon=action_horizon, state_stats=self.stats["state"],
+            action_stats=self.stats["action"], action_dim=action_dim, normalization=normalization,
+            conditioning=conditioning, prompt_style=self.prompt_style,
+            state_in_prompt=state_in_prompt, label_position=self.label_position,
+            image_size=image_size, cameras=self.sources[0].frames.key_map.cameras,
+            max_length=max_length, state_names=self._state_names(),
+        ).use_tokenizer(tokenizer)  # fmt: skip
+
+    def _state_names(self) -> tuple[str, ...]:
+        """The state feature's names in the first dataset's info.json (empty when unnamed)."""
+        frames = self.sources[0].frames
+        names = frames.dataset.features.get(frames.key_map.state, {}).get("names") or ()
+        return tuple(str(n) for n in names) if isinstance(names, list | tuple) else ()
 
     def _source(self, spec: DatasetSpec, tag: str, key_map: KeyMap | None, horizon: int):
         frames = FrameDataset(spec.root, key_map=key_map, action_horizon=horizon)
@@ -311,7 +323,7 @@ class PolicyDataset(Dataset):
             at = epochs == epoch
             conditional[at] = self.conditional_in(epoch)[idx[at]]
         src, rows, n = self.source_of[idx], self.row_of[idx], idx.shape[0]
-        size = self.image_size
+        size, processor = self.image_size, self.processor
         frames = torch.zeros(n, NUM_CAMERAS, size, size, 3, dtype=torch.uint8)
         masks = torch.zeros(n, NUM_CAMERAS, dtype=torch.bool)
         horizon = self.action_horizon
@@ -322,15 +334,14 @@ class PolicyDataset(Dataset):
             sel = np.flatnonzero(src == s)
             source = self.sources[s]
             batch = source.frames.__getitems__(rows[sel])
-            cameras = source.frames.key_map.cameras
-            frames[sel], masks[sel] = pack_cameras(batch["images"], size, cameras)
-            chunk, dims = self.normalize(batch["action"], "action")
+            frames[sel], masks[sel] = processor.pack(batch["images"], source.frames.key_map.cameras)
+            chunk, dims = processor.normalize_actions(batch["action"])
             actions[sel], action_mask[sel] = chunk, batch["action_mask"][..., None] & dims
-            state = normalize_quantile(batch["state"].numpy(), self.stats["state"])
+            state = processor.normalize_state(batch["state"].numpy())
             for j, i in enumerate(sel.tolist()):
                 label = bool(self.labels[idx[i]]) if conditional[i] else None
-                texts[i] = self.prompt(source.tasks[rows[i]], label, state[j])
-        ids, mask = self.tokenize(texts)
+                texts[i] = processor.prompt(source.tasks[rows[i]], label, state[j])
+        ids, mask = processor.tokenize(texts)
         out = {"frames": frames, "image_masks": masks, "input_ids": ids, "attention_mask": mask,
                "actions": actions, "action_mask": action_mask,
                "source": torch.from_numpy(src), "row": torch.from_numpy(rows)}  # fmt: skip
@@ -344,29 +355,12 @@ class PolicyDataset(Dataset):
     collate = staticmethod(pass_through)  # __getitems__ already returns a batch
 
     def prompt(self, task: str, label: bool | None, state: np.ndarray | None) -> Prompt:
-        """The π0.5 prompt of one frame in ``prompt_style``: task (+ advantage text at
-        ``label_position``) (+ binned normalized state)."""
-        state = state if self.state_in_prompt else None
-        return conditioned_prompt(task, label, state, self.prompt_style, self.label_position)
-
-    def normalize(self, x: torch.Tensor, name: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(x quantile-normalized (unclipped) and padded to action_dim, dim mask
-        bool[action_dim])``."""
-        normalized = normalize_quantile(x.double(), self.stats[name]).float()  # float64 as openpi
-        return pad_last(normalized, self.action_dim)
+        """The π0.5 prompt of one frame (``Pi05Processor.prompt``)."""
+        return self.processor.prompt(task, label, state)
 
     def tokenize(self, texts: list[Prompt]) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(ids int64[n, L], mask bool[n, L])`` with L the longest prompt; each distinct text
-        is tokenized once per process."""
-        from recap.data.transforms import pad_token_rows, tokenize_prompts
-
-        new = sorted({t for t in texts if t not in self._cache})
-        if new:
-            ids, mask = tokenize_prompts(self.tokenizer, new, self.max_length)
-            self._cache.update(
-                {t: ids[k, : int(mask[k].sum())].tolist() for k, t in enumerate(new)}
-            )
-        return pad_token_rows([self._cache[t] for t in texts])
+        """``(ids int64[n, L], mask bool[n, L])`` (``Pi05Processor.tokenize``)."""
+        return self.processor.tokenize(texts)
 
 
 @gin.configurable
@@ -392,6 +386,7 @@ def policy_data(
     checkpoint: str | None = None,
     asset_id: str | None = None,
     export_stats: bool = True,
+    normalization: str | None = None,
 ) -> PolicyDataset:
     """Gin builder of the policy's train (``split="train"``) or eval data. Both splits use the
     statistics of ``resolve_stats`` (``checkpoint``: the directory ``pi05_policy.checkpoint``
@@ -399,17 +394,22 @@ def policy_data(
     prints where they come from and, with ``export_stats`` and ``train.run_dir`` bound, writes
     them to ``{run_dir}/assets/<asset_id or "recap">/norm_stats.json`` (rank 0).
     ``action_horizon`` must equal the model's. ``seed`` (label dropout and mixture) defaults to
-    ``train.seed``."""
+    ``train.seed``. ``normalization``: the quantile formula (``recap.processing.normalize``);
+    None: LeRobot's for statistics read from a LeRobot checkpoint's normalizer file, else
+    openpi's. The train split's processor is written beside the weights by ``train``."""
     check_style(prompt_style)
     check_label_position(label_position)
     seed = int(bound("train.seed", 0)) if seed is None else seed
     train_specs, specs = split_specs("policy_data", split, datasets, eval_datasets, data_root)
     stats, source = resolve_stats(norm_stats, checkpoint, asset_id, train_specs)
+    if normalization is None:
+        normalization = LEROBOT_FORMULA if source.endswith(".safetensors") else OPENPI_FORMULA
     args = dict(tokenizer=load_tokenizer(tokenizer_path), image_size=image_size,
                 action_horizon=action_horizon, action_dim=action_dim, conditioning=conditioning,
                 dropout=dropout, state_in_prompt=state_in_prompt, max_length=max_length,
                 mixing=mixing, seed=seed, prompt_style=prompt_style,
-                label_position=label_position)  # fmt: skip
+                label_position=label_position, tokenizer_path=tokenizer_path,
+                normalization=normalization)  # fmt: skip
     data = PolicyDataset(specs, advantages_tag, stats=stats, **args)
     if split == "train" and logs.is_main():
         log.info(describe_stats(stats, source))

@@ -8,12 +8,10 @@ place with ``os.replace``, so a reader sees either the old file or the whole new
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
-import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +22,7 @@ import yaml
 from recap.core import columns as C
 from recap.core.columns import ColumnValueError, as_flags, as_index
 from recap.errors import DatasetError, located
+from recap.io import write_atomic  # noqa: F401  (re-exported: many writers import it here)
 
 RETURNS = "returns"
 ADVANTAGES = "advantages"
@@ -42,40 +41,6 @@ def check_tag(tag: str) -> str:
             f"tag {tag!r}: use letters, digits, '-', '_' or '.' (it becomes part of a file name)"
         )
     return tag
-
-
-@contextlib.contextmanager
-def _staged(path: Path) -> Iterator[Path]:
-    """Yield a temporary path beside ``path``; removed if the body fails."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        yield Path(tmp)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def write_atomic(files: dict[Path, Callable[[Path], None]]) -> None:
-    """Write several files so that none is replaced unless all were written.
-
-    ``files`` maps each destination to a writer that fills a temporary path. Files end up
-    readable by all (0644, as a plain write would leave them), not mkstemp's 0600.
-    """
-    staged: list[tuple[Path, Path]] = []
-    try:
-        with contextlib.ExitStack() as stack:
-            for dest, writer in files.items():
-                tmp = stack.enter_context(_staged(Path(dest)))
-                writer(tmp)
-                os.chmod(tmp, 0o644)
-                staged.append((tmp, Path(dest)))
-            for tmp, dest in staged:
-                os.replace(tmp, dest)
-    finally:
-        for tmp, _ in staged:
-            tmp.unlink(missing_ok=True)
 
 
 def table_writer(table: pa.Table) -> Callable[[Path], None]:

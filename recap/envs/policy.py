@@ -1,22 +1,14 @@
 """A trained π0.5 policy as a chunk policy for :mod:`recap.envs.rollout`.
 
-:class:`ChunkAdapter` is ``recap.steps.evaluate_policy.PolicyAdapter`` (the same batch, the same
-classifier-free guidance at ``beta``, the same unnormalization with the run's statistics) that
-returns the whole sampled chunk, float32[B, action_horizon, D], so ``replan_steps`` of it are
-executed before the next call; ``load_run`` (``evaluate_policy``'s) loads a trained run.
+:class:`ChunkAdapter` (``recap.loading``) is the evaluation's ``PolicyAdapter`` (the policy's
+processor builds the batch, classifier-free guidance at ``beta``, the processor unnormalizes)
+returning the whole sampled chunk, float32[B, action_horizon, D], so ``replan_steps`` of it are
+executed before the next call; ``load_run`` loads a trained run from its directory.
 """
 
 from __future__ import annotations
 
-import numpy as np
-
-from recap.steps.evaluate_policy import PolicyAdapter, load_run
+from recap.loading import ChunkAdapter
+from recap.steps.evaluate_policy import load_run
 
 __all__ = ["ChunkAdapter", "load_run"]
-
-
-class ChunkAdapter(PolicyAdapter):
-    """``policy(batched observations) -> float32[B, H, D]``: the unnormalized action chunk."""
-
-    def __call__(self, obs: dict) -> np.ndarray:
-        return self.chunk(obs).astype(np.float32)

@@ -365,7 +365,7 @@ def adapter_state(state: dict[str, torch.Tensor], config) -> dict[str, torch.Ten
 
 def save_adapter(state: dict[str, torch.Tensor], config, directory: str | os.PathLike) -> Path:
     """Write ``adapter_config.json`` and ``adapter_model.safetensors`` (peft's files)."""
-    from recap.data.sidecars import write_atomic
+    from recap.io import write_atomic
     from recap.weights import safetensors_bytes
 
     path = Path(directory)

@@ -27,7 +27,7 @@ Normalization statistics travel with the weights: openpi keeps them in
 ``policy_preprocessor_step_<i>_normalizer_processor.safetensors`` (flat keys
 ``observation.state.q01``, ``action.q99``, ...). ``find_norm_stats`` / ``read_norm_stats`` read
 either; ``write_norm_stats`` writes openpi's file (recap's exported policies carry it); they live
-in ``recap.data.norm_stats`` (the data side computes and reads them) and are re-exported here.
+in ``recap.processing.norm_stats`` (with the processor, below data and models), re-exported here.
 """
 
 from __future__ import annotations
@@ -40,7 +40,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from recap.data.norm_stats import (  # noqa: F401  (re-exported: checkpoints carry them)
+from recap.errors import RecapError
+from recap.models.pi05 import GEMMA_300M, PALIGEMMA_2B, Pi05Config, Pi05Policy, build_pi05
+from recap.processing.norm_stats import (  # noqa: F401  (re-exported: checkpoints carry them)
     ASSETS_DIR,
     LEROBOT_NORMALIZER,
     LEROBOT_STATS_KEYS,
@@ -52,8 +54,6 @@ from recap.data.norm_stats import (  # noqa: F401  (re-exported: checkpoints car
     read_norm_stats,
     write_norm_stats,
 )
-from recap.errors import RecapError
-from recap.models.pi05 import GEMMA_300M, PALIGEMMA_2B, Pi05Config, Pi05Policy, build_pi05
 from recap.weights import safetensors_bytes
 
 OPENPI, LEROBOT = "openpi", "lerobot"
@@ -292,7 +292,7 @@ def write_pi05_files(
     layout's own config, plus ``extra_config`` fields: LeRobot's features,
     ``recap.interop.lerobot``) and ``recap_pi05.json``, all or none replaced (``write_atomic``);
     returns the weights path."""
-    from recap.data.sidecars import write_atomic
+    from recap.io import write_atomic
 
     path = Path(directory)
     tensors = {k: v.contiguous().cpu() for k, v in state.items()}

@@ -4,7 +4,7 @@ classifier-free guidance between the advantage-conditioned and the plain prompt.
 Prefix = per camera ``(image_size / patch_size)**2`` SigLIP tokens through
 ``multi_modal_projector.linear`` (no rescaling), then the prompt's Gemma embeddings (scaled by
 sqrt(width)). π0.5 has no state token: the (quantile-normalized, 256-bin discretized) state is
-part of the prompt text (``recap.data.conditioning.pi05_prompt``), as in openpi. Suffix =
+part of the prompt text (``recap.processing.prompts.pi05_prompt``), as in openpi. Suffix =
 ``action_in_proj(x_t)``, one token per action step; the flow time t enters only the expert's
 adaptive norms through cond = silu(time_mlp_out(silu(time_mlp_in(sinusoid(t))))), sinusoid
 periods 4e-3 .. 4 (``pi05_layers``).
@@ -52,7 +52,6 @@ from torch import nn
 from transformers import AutoModel, GemmaConfig, SiglipVisionConfig
 
 from recap.config_check import config_fields
-from recap.data.transforms import frames_to_images
 from recap.errors import RecapError
 from recap.models.adapters import AdapterHooks, LoraOptions, adapt, check_freeze
 from recap.models.losses import flow_matching_loss
@@ -65,6 +64,9 @@ from recap.models.pi05_layers import (
     time_embedding,
 )
 from recap.models.value import SIGLIP_SO400M_224, example_inputs, with_layers
+from recap.processing.pi05 import BRANCH_KEYS, GUIDANCE, guidance_branches  # noqa: F401
+from recap.processing.prompts import POSITIVE_ONLY
+from recap.processing.transforms import frames_to_images
 
 PALIGEMMA_2B = {
     "vocab_size": 257152, "hidden_size": 2048, "intermediate_size": 16384,
@@ -378,18 +380,12 @@ class Pi05Policy(AdapterHooks, nn.Module):
         save_pi05(self, directory, layout)
 
 
-GUIDANCE = ("positive", "negative", "no_guide")
-GUIDANCE_KEYS = {"positive": ("input_ids", "attention_mask"),
-                 "negative": ("neg_input_ids", "neg_attention_mask"),
-                 "plain": ("uncond_input_ids", "uncond_attention_mask")}  # fmt: skip
-
-
 def _prompt(batch: dict[str, torch.Tensor], which: str, why: str) -> tuple:
-    keys = GUIDANCE_KEYS[which]
+    keys = BRANCH_KEYS[which]
     if any(k not in batch for k in keys):
         raise RecapError(
             f"sample_actions: {why} needs batch keys {'/'.join(keys)} (the {which} prompt); "
-            "build them with recap.data.conditioning"
+            "build them with the policy's processor (Pi05Processor.obs_to_batch)"
         )
     return tuple(batch[k] for k in keys)
 
@@ -398,22 +394,15 @@ def guidance_prompts(
     batch: dict[str, torch.Tensor], beta: float, guidance: str = "positive",
     positive_only: bool = False,
 ) -> list[tuple]:  # fmt: skip
-    """The prompt batches whose velocities are combined: [guide] for beta = 1, [plain] for
-    beta = 0 or ``no_guide``, else [guide, plain] (``sample_actions``)."""
-    if guidance not in GUIDANCE:
-        raise RecapError(f"sample_actions: guidance={guidance!r}; use one of {GUIDANCE}")
-    if guidance == "negative" and positive_only:
-        raise RecapError(
-            "sample_actions: guidance='negative' is refused for a policy trained with "
-            "positive_only_conditional (it never saw the negative prompt); use 'positive' or "
-            "'no_guide'"
-        )
-    if guidance == "no_guide" or beta == 0.0:
-        return [_prompt(batch, "plain", f"guidance={guidance!r} beta={beta}")]
-    guide = _prompt(batch, guidance, f"guidance={guidance!r}")
-    if beta == 1.0:
-        return [guide]
-    return [guide, _prompt(batch, "plain", f"beta={beta}")]
+    """The prompt batches whose velocities are combined (``sample_actions``), in the order of
+    ``recap.processing.pi05.guidance_branches``: [guide] for beta = 1, [plain] for beta = 0 or
+    ``no_guide``, else [guide, plain]."""
+    try:
+        branches = guidance_branches(beta, guidance, POSITIVE_ONLY if positive_only else None)
+    except RecapError as exc:
+        raise RecapError(f"sample_actions: {exc}") from None
+    why = f"guidance={guidance!r} beta={beta}"
+    return [_prompt(batch, branch, why) for branch in branches]
 
 
 def stack_prompts(prompts: list[tuple]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -41,11 +41,11 @@ from transformers import AutoModel, Gemma3TextConfig, SiglipVisionConfig
 from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
 
 from recap.config_check import config_fields
-from recap.data.transforms import frames_to_images
 from recap.errors import RecapError
 from recap.models import layers
 from recap.models.adapters import AdapterHooks, LoraOptions, adapt, check_freeze
 from recap.models.losses import categorical_value_loss, expected_value
+from recap.processing.transforms import frames_to_images
 from recap.weights import save_safetensors
 
 CONFIG_FILE = "config.json"

@@ -18,11 +18,11 @@ reproduced; absent, noise comes from the server's seeded generator). A field may
 (``{"observation": {"image": ...}}``). Anything else is a ``RequestError`` whose message starts
 with the field's name.
 
-Prompts are the training run's (``conditioning.conditioned_prompt`` in ``prompt_style``, the
-state's 256 bins in the text with ``state_in_prompt``, the label at ``label_position``): the guided
-branch carries ``Advantage: positive`` (``guidance="negative"``: ``Advantage: negative``), the
-other is the plain task, and
-v = v_plain + beta (v_guided - v_plain); beta = 1 computes only the guided branch. A
+Everything between the request and the model is the policy's processor (``Pi05Processor``, read
+from the directory by ``recap.loading.load_policy``): camera slots (the ``image_keys`` in order),
+the normalization formula and statistics, the prompt in its style with the binned state and the
+label at its position, the guidance branches a request's beta needs (v = v_plain + beta
+(v_guided - v_plain); beta = 1 computes only the guided branch) and the sampling steps. A
 behaviour-cloning policy (``conditioning="none"`` or ``"filtered"``) has one prompt and is served
 at beta 1.
 """
@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -39,21 +38,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from recap.data.conditioning import (
-    LABEL_IN_TASK,
-    OPENPI,
-    QuantileStats,
-    check_label_position,
-    check_style,
-    conditioned_prompt,
-    normalize_quantile,
-    unnormalize_quantile,
-)
-from recap.data.policy_data import CONDITIONING as CONDITIONINGS
-from recap.data.policy_data import PLAIN
-from recap.data.transforms import NUM_CAMERAS, pack_cameras, pad_token_rows
 from recap.errors import RecapError
-from recap.models.pi05 import GUIDANCE, Pi05Policy
+from recap.models.pi05 import Pi05Policy
+from recap.processing.pi05 import BRANCH_KEYS, BRANCH_LABEL, GUIDANCE, Pi05Processor
+from recap.processing.transforms import pad_token_rows
 from recap.serve.wire import find_bad
 
 log = logging.getLogger(__name__)
@@ -92,7 +80,7 @@ class Prepared:
 
     frames: torch.Tensor  # uint8[NUM_CAMERAS, S, S, 3]
     image_mask: torch.Tensor  # bool[NUM_CAMERAS]
-    prompts: dict[str, list[int]]  # "guided" / "plain" / "negative" -> token ids (BOS first)
+    prompts: dict[str, list[int]]  # "positive" / "negative" / "plain" -> token ids (BOS first)
     beta: float
     noise: torch.Tensor | None  # float32[H, A] when the request carried noise_seed
     received: float = field(default_factory=time.monotonic)
@@ -117,76 +105,69 @@ def _describe(value: object) -> str:
 
 
 class ServedPolicy:
-    """A loaded π0.5 policy, its statistics and prompt settings (``load_served`` builds one)."""
+    """A loaded π0.5 policy and its processor, behind openpi's request conventions
+    (``load_served`` builds one). ``guidance`` and ``num_steps`` default to the processor's."""
 
     def __init__(
         self,
         model: Pi05Policy,
-        tokenizer,
-        stats: dict[str, QuantileStats],
+        processor: Pi05Processor,
         *,
         beta: float = 1.5,
-        guidance: str = "positive",
-        conditioning: str = "paper",
-        prompt_style: str = OPENPI,
-        state_in_prompt: bool = True,
-        label_position: str = LABEL_IN_TASK,
+        guidance: str | None = None,
         num_steps: int | None = None,
         spec: ServeSpec | None = None,
         device: torch.device | str = "cpu",
         seed: int = 0,
         info: dict | None = None,
     ):
+        guidance = guidance or processor.guidance
         if guidance not in GUIDANCE:
             raise RecapError(f"--guidance: {guidance!r} is not one of {list(GUIDANCE)}")
-        if conditioning not in CONDITIONINGS:
-            raise RecapError(
-                f"--conditioning: {conditioning!r} is not one of {list(CONDITIONINGS)}"
-            )
-        if guidance == "negative" and conditioning == "positive_only_conditional":
+        if guidance == "negative" and processor.conditioning == "positive_only_conditional":
             raise RecapError(
                 "--guidance negative is refused for a policy trained with "
                 "positive_only_conditional (it never saw the negative prompt)"
             )
         self.spec = spec or ServeSpec()
-        if len(self.spec.image_keys) > NUM_CAMERAS or not self.spec.image_keys:
+        if len(self.spec.image_keys) > processor.num_slots or not self.spec.image_keys:
             raise RecapError(
                 f"--image-keys: {len(self.spec.image_keys)} cameras; the policy has "
-                f"1 to {NUM_CAMERAS} camera slots"
+                f"1 to {processor.num_slots} camera slots"
             )
         self.device = torch.device(device)
         self.model = model.to(self.device).eval()
-        self.tokenizer, self.stats = tokenizer, stats
-        self.guidance, self.conditioning = guidance, conditioning
-        self.prompt_style, self.state_in_prompt = check_style(prompt_style), state_in_prompt
-        self.label_position = check_label_position(label_position)
-        self.num_steps = num_steps
+        self.processor = processor
+        self.processor.load_tokenizer()  # vocabulary and BOS checked before serving
+        self.guidance, self.conditioning = guidance, processor.conditioning
+        if num_steps is not None and num_steps < 1:
+            raise RecapError(f"--num-steps: {num_steps} must be >= 1")
+        self.num_steps = num_steps or processor.num_steps
         try:
             self.beta = self.check_beta(beta, "--beta")
         except RequestError as exc:
             raise RecapError(str(exc)) from None
-        if num_steps is not None and num_steps < 1:
-            raise RecapError(f"--num-steps: {num_steps} must be >= 1")
-        self._tokenizer_lock = threading.Lock()  # requests are prepared on several threads
         config = model.config
-        self.image_size = int(config.vision.get("image_size", 224))
+        self.image_size = processor.image_size
         self.horizon, self.model_action_dim = config.action_horizon, config.action_dim
-        self.action_dim, self.state_dim = len(stats["action"]), len(stats["state"])
+        self.action_dim, self.state_dim = processor.robot_action_dim, processor.state_dim
         if self.action_dim > self.model_action_dim:
             raise RecapError(
                 f"norm stats: {self.action_dim} action dims exceed the model's "
                 f"{self.model_action_dim}; use the policy's own statistics"
             )
-        vocab = int(config.text["vocab_size"])
-        if len(tokenizer) > vocab:
-            raise RecapError(
-                f"--tokenizer: vocabulary {len(tokenizer):,} exceeds the model's "
-                f"{vocab:,}; use the policy's own tokenizer"
-            )
-        if tokenizer.bos_token_id is None:
-            raise RecapError("--tokenizer: no BOS token; use the policy's own tokenizer")
         self.generator = torch.Generator().manual_seed(int(seed))
         self.info = dict(info or {})
+
+    @property
+    def tokenizer(self):
+        """The processor's tokenizer (loaded)."""
+        return self.processor.load_tokenizer()
+
+    @property
+    def stats(self) -> dict:
+        """``{"state", "action"}`` normalization statistics (the processor's)."""
+        return {"state": self.processor.state_stats, "action": self.processor.action_stats}
 
     # ---- validation -------------------------------------------------------------------
 
@@ -197,9 +178,7 @@ class ServedPolicy:
             raise RequestError(name, f"expected a number, got {_describe(beta)}")
         if not math.isfinite(beta) or beta < 0:
             raise RequestError(name, f"{beta!r} must be finite and >= 0")
-        if self.conditioning in PLAIN:
-            return 1.0  # one prompt: guidance has nothing to contrast
-        return float(beta)
+        return self.processor.check_beta(beta)  # 1 for one prompt: nothing to contrast
 
     def _image(self, obs: dict, key: str) -> torch.Tensor:
         """uint8[1, H, W, 3]: the request's camera image ``key``, checked (``RequestError``)."""
@@ -223,7 +202,7 @@ class ServedPolicy:
         key = self.spec.state_key
         value = _lookup(obs, key)
         if value is None:
-            if self.state_in_prompt:
+            if self.processor.state_in_prompt:
                 raise RequestError(key, f"missing (float[{self.state_dim}] robot state)")
             return None
         if (
@@ -255,10 +234,8 @@ class ServedPolicy:
             )
         return value
 
-    def _tokens(self, segments: tuple[str, ...]) -> list[int]:
-        with self._tokenizer_lock:
-            ids = self.tokenizer(list(segments), add_special_tokens=False)["input_ids"]
-        tokens = [self.tokenizer.bos_token_id, *(t for part in ids for t in part)]
+    def _tokens(self, prompt: tuple[str, ...]) -> list[int]:
+        tokens = self.processor.prompt_tokens(prompt)
         if len(tokens) > self.spec.max_tokens:
             raise RequestError(
                 self.spec.prompt_key,
@@ -268,13 +245,8 @@ class ServedPolicy:
         return tokens
 
     def branches(self, beta: float) -> tuple[str, ...]:
-        """The prompts a request at ``beta`` needs (``guidance_prompts``' choice)."""
-        guided = "negative" if self.guidance == "negative" else "guided"
-        if self.conditioning in PLAIN:
-            return ("plain",)
-        if self.guidance == "no_guide" or beta == 0.0:
-            return ("plain",)
-        return (guided,) if beta == 1.0 else (guided, "plain")
+        """The prompts a request at ``beta`` needs (``Pi05Processor.branches``)."""
+        return self.processor.branches(beta, self.guidance)
 
     def prepare(self, obs: dict) -> Prepared:
         """Validate one decoded observation (``RequestError`` naming the field) and build its
@@ -288,7 +260,7 @@ class ServedPolicy:
             raise RequestError(bad[0] or "frame", bad[1].reason)
         keys = self.spec.image_keys
         images = {key: self._image(obs, key) for key in keys}  # validated, in key order
-        frames, mask = pack_cameras(images, self.image_size, keys)  # [1, NUM_CAMERAS, ...]
+        frames, mask = self.processor.pack(images, keys)  # [1, slots, ...]: the keys' order
         state = self._state(obs)
         task = self._prompt(obs)
         beta = obs.get(self.spec.beta_key)
@@ -304,17 +276,12 @@ class ServedPolicy:
                 )
             noise = self.noise(seed)
         normalized = None
-        if state is not None and self.state_in_prompt:
-            normalized = normalize_quantile(state, self.stats["state"])
-        labels = {"guided": True, "negative": False, "plain": None}
-        prompts = {
-            name: self._tokens(
-                conditioned_prompt(
-                    task, labels[name], normalized, self.prompt_style, self.label_position
-                )
-            )
-            for name in self.branches(beta)
-        }
+        if state is not None and self.processor.state_in_prompt:
+            normalized = self.processor.normalize_state(state)
+        label = {branch: None if self.processor.plain_only else BRANCH_LABEL[branch]
+                 for branch in self.branches(beta)}  # fmt: skip
+        prompts = {b: self._tokens(self.processor.prompt(task, label[b], normalized))
+                   for b in label}  # fmt: skip
         return Prepared(frames[0], mask[0], prompts, beta, noise)
 
     def noise(self, seed: int | None) -> torch.Tensor:
@@ -331,11 +298,9 @@ class ServedPolicy:
             "frames": torch.stack([p.frames for p in group]),
             "image_masks": torch.stack([p.image_mask for p in group]),
         }
-        keys = {"guided": "input_ids", "negative": "neg_input_ids", "plain": "uncond_input_ids"}
         for name in group[0].prompts:
-            ids, mask = pad_token_rows([p.prompts[name] for p in group])
-            prefix = keys[name].removesuffix("input_ids")
-            batch[keys[name]], batch[f"{prefix}attention_mask"] = ids, mask
+            ids_key, mask_key = BRANCH_KEYS[name]
+            batch[ids_key], batch[mask_key] = pad_token_rows([p.prompts[name] for p in group])
         return {k: v.to(self.device) for k, v in batch.items()}
 
     @torch.no_grad()
@@ -349,11 +314,11 @@ class ServedPolicy:
             group = [requests[i] for i in index]
             noise = torch.stack([self.noise(None) if p.noise is None else p.noise for p in group])
             batch = self.model_batch(group)
-            guidance = "no_guide" if self.conditioning in PLAIN else self.guidance
+            guidance = "no_guide" if self.processor.plain_only else self.guidance
             chunk = self.model.sample_actions(
                 batch, noise.to(self.device), beta, self.num_steps, guidance=guidance
             )
-            actions = unnormalize_quantile(chunk.double().cpu().numpy(), self.stats["action"])
+            actions = self.processor.unnormalize_actions(chunk)
             for j, i in enumerate(index):
                 out[i] = actions[j].astype(np.float32)
         return out  # type: ignore[return-value]
@@ -369,9 +334,13 @@ class ServedPolicy:
             "beta": self.beta,
             "guidance": self.guidance,
             "conditioning": self.conditioning,
-            "prompt_style": self.prompt_style,
-            "state_in_prompt": self.state_in_prompt,
-            "label_position": self.label_position,
+            "prompt_style": self.processor.prompt_style,
+            "state_in_prompt": self.processor.state_in_prompt,
+            "label_position": self.processor.label_position,
+            "normalization": self.processor.normalization,
+            "num_steps": self.num_steps,
+            "image_size": self.image_size,
+            "images": "resized with padding to image_size (aspect ratio kept)",
             "device": str(self.device),
             "action_horizon": self.horizon,
             "action_dim": self.action_dim,

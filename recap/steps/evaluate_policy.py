@@ -1,11 +1,8 @@
 """Closed-loop evaluation of a trained Step 4 policy on the synthetic reaching task.
 
-Reads the same gin files as the training run (``train.run_dir``, ``pi05_policy.*``,
-``policy_data.*``): the exported ``model.safetensors`` is loaded into ``pi05_policy()`` without
-DeepSpeed, and ``policy_data()`` supplies the training transforms (image size, prompts in the
-run's style, tokenizer); the normalization statistics are the ones the run exported beside its
-weights (``{run_dir}/assets/<asset_id>/norm_stats.json``, openpi's layout), else
-``policy_data``'s, and one line says which. For each guidance strength beta, ``num_episodes``
+The run directory alone says how the policy is fed (``recap.loading.load_policy``: the weights
+and the ``processor.json`` its training wrote; an older run's processor is rebuilt from the
+parsed gin bindings, with one log line). For each guidance strength beta, ``num_episodes``
 seeded episodes of ``ReachEnv`` run in lockstep batches (``synthetic.evaluate_batch``); every
 step the policy samples an action chunk with v = v_uncond + beta (v_cond - v_uncond) between the
 prompt with the positive advantage text and the plain task, unnormalizes it (openpi's inverse
@@ -24,7 +21,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import gin
@@ -33,8 +30,6 @@ import torch
 
 import recap.steps.train  # noqa: F401  (registers train, policy_data and pi05_policy with gin)
 from recap import logs
-from recap.data.conditioning import normalize_quantile, unnormalize_quantile
-from recap.data.policy_data import PLAIN, PolicyDataset, describe_stats, policy_data, run_stats
 from recap.data.sidecars import write_atomic
 from recap.data.synthetic import (
     STATE_NAMES,
@@ -45,106 +40,40 @@ from recap.data.synthetic import (
     seeded_layouts,
     stack_observations,
 )
-from recap.data.transforms import pack_cameras
-from recap.engine.inference import load_exported
 from recap.errors import RecapError
-from recap.models.pi05 import Pi05Policy, pi05_policy
+from recap.loading import PolicyAdapter, load_policy  # noqa: F401  (PolicyAdapter re-exported)
+from recap.models.pi05 import Pi05Policy
+from recap.processing.pi05 import (
+    NEGATIVE,
+    PLAIN_BRANCH,
+    POSITIVE,
+    PROCESSOR_FILE,
+    Pi05Processor,
+)
+from recap.processing.prompts import PLAIN, POSITIVE_ONLY
 
 log = logs.get(__name__)
 RESULTS_FILE = "closed_loop.json"
 
 
-class PolicyAdapter:
-    """``policy(batched observations) -> float32[B, action dims]`` for ``evaluate_batch``.
-
-    Observations become the training batch (uint8 frames in camera slots, base camera first;
-    prompts with the normalized state when the data puts it in the text); the sampled chunk is
-    unnormalized with the training statistics and its first action returned. Noise comes from a
-    seeded generator, so a run is reproducible.
-    """
-
-    def __init__(
-        self,
-        model: Pi05Policy,
-        data: PolicyDataset,
-        beta: float = 1.0,
-        num_steps: int | None = None,
-        seed: int = 0,
-        guidance: str = "positive",
-    ):
-        self.model, self.data, self.beta, self.num_steps = model.eval(), data, beta, num_steps
-        self.guidance = guidance
-        self.generator = torch.Generator().manual_seed(seed)
-
-    def batch(self, obs: dict) -> dict[str, torch.Tensor]:
-        """The model batch of ``synthetic.stack_observations`` output (no actions)."""
-        slots, masks = pack_cameras(obs["images"], self.data.image_size)  # base first, wrists
-        state = normalize_quantile(np.asarray(obs["state"], np.float64), self.data.stats["state"])
-        label = None if self.data.conditioning in PLAIN else True
-        cond = [self.data.prompt(t, label, s) for t, s in zip(obs["task"], state)]
-        plain = [self.data.prompt(t, None, s) for t, s in zip(obs["task"], state)]
-        ids, mask = self.data.tokenize(cond)
-        uncond_ids, uncond_mask = self.data.tokenize(plain)
-        batch = {"frames": slots, "image_masks": masks, "input_ids": ids, "attention_mask": mask,
-                 "uncond_input_ids": uncond_ids, "uncond_attention_mask": uncond_mask}  # fmt: skip
-        if self.guidance == "negative":  # RLinf: the "Advantage: negative" prompt guides
-            negative = [self.data.prompt(t, False, s) for t, s in zip(obs["task"], state)]
-            batch["neg_input_ids"], batch["neg_attention_mask"] = self.data.tokenize(negative)
-        return batch
-
-    def chunk(self, obs: dict) -> np.ndarray:
-        """float64[B, H, D]: the sampled action chunk, unnormalized."""
-        batch = self.batch(obs)
-        config = self.model.config
-        shape = (batch["frames"].shape[0], config.action_horizon, config.action_dim)
-        noise = torch.randn(shape, generator=self.generator)
-        positive_only = self.data.conditioning == "positive_only_conditional"
-        with torch.no_grad():
-            chunk = self.model.sample_actions(batch, noise, self.beta, self.num_steps,
-                                              guidance=self.guidance,
-                                              positive_only=positive_only)  # fmt: skip
-        return unnormalize_quantile(chunk.double().numpy(), self.data.stats["action"])
-
-    def __call__(self, obs: dict) -> np.ndarray:
-        return self.chunk(obs)[:, 0].astype(np.float32)
-
-
-def load_policy(model_fn: Callable[[], Pi05Policy], run_dir: Path) -> Pi05Policy:
-    """``model_fn()`` with the run's exported weights, in eval mode."""
-    path = run_dir / "model.safetensors"
-    if not path.is_file():
-        raise RecapError(f"{path}: no exported policy; train it first (scripts/train.py with the "
-                         "same gin files) or set evaluate_policy.run_dir")  # fmt: skip
-    model = model_fn()
-    load_exported(model, path)
-    return model.eval()
-
-
 def load_run(
-    run_dir: str | Path | None = None,
-    model_fn: Callable[[], Pi05Policy] = pi05_policy,
-    data_fn: Callable[[], PolicyDataset] = policy_data,
-) -> tuple[Pi05Policy, PolicyDataset, Path]:
-    """A trained Step 4 policy under the parsed gin config: ``model_fn()`` with the run's
-    exported weights, ``data_fn()`` with the statistics the run exported (else its own; one line
-    says which); ``run_dir`` defaults to ``train.run_dir``."""
+    run_dir: str | Path | None = None, **overrides
+) -> tuple[Pi05Policy, Pi05Processor, Path]:
+    """A trained Step 4 policy: ``(model, processor, run directory)`` from the directory alone
+    (``recap.loading.load_policy``; an older run's processor rebuilt from the parsed gin
+    bindings); ``run_dir`` defaults to ``train.run_dir``."""
     run = Path(run_dir if run_dir is not None else gin.query_parameter("train.run_dir"))
-    model, data = load_policy(model_fn, run), data_fn(export_stats=False)
-    stats, path = run_stats(run)
-    if stats is not None:
-        data.stats = {name: stats[name].first(len(data.stats[name])) for name in data.stats}
-    log.info(
-        describe_stats(data.stats, str(path) if path else "policy_data (the run exported none)")
-    )
-    data.check_model(model)
-    return model, data, run
+    if not (run / "model.safetensors").is_file():
+        raise RecapError(f"{run / 'model.safetensors'}: no exported policy; train it first "
+                         "(scripts/train.py with the same gin files) or set "
+                         "evaluate_policy.run_dir")  # fmt: skip
+    model, processor = load_policy(run, **overrides)
+    return model, processor, run
 
 
 @gin.configurable
 def evaluate_policy(
     run_dir: str | None = None,
-    model_fn: Callable[[], Pi05Policy] = pi05_policy,
-    data_fn: Callable[[], PolicyDataset] = policy_data,
     betas: Sequence[float] = (1.0, 1.5, 2.5),
     num_episodes: int = 100,
     seed: int = 1000,
@@ -163,15 +92,15 @@ def evaluate_policy(
     ``state_targets``: the task's ``ReachConfig.state_targets``; None (default) reads it from
     the training data's state names (``reach_state_targets``), as ``recap-demo-data`` wrote them
     with or without ``--state-targets``."""
-    model, data, run = load_run(run_dir, model_fn, data_fn)
-    if data.conditioning in PLAIN:
+    model, processor, run = load_run(run_dir)
+    if processor.conditioning in PLAIN:
         betas = [1.0]  # one prompt: guidance has nothing to contrast
     results, outcomes, headings = {}, {}, {}
-    state_targets = reach_state_targets(data, state_targets)
+    state_targets = reach_state_targets(processor, state_targets)
     config = ReachConfig(max_steps=max_steps, state_targets=state_targets)
     for beta in betas:
         start = time.perf_counter()
-        adapter = PolicyAdapter(model, data, float(beta), num_steps, noise_seed, guidance)
+        adapter = PolicyAdapter(model, processor, float(beta), num_steps, noise_seed, guidance)
         steps: list[float] = []
         with torch.no_grad():
             won = episode_outcomes(adapter, num_episodes, seed, batch_size, config, steps)
@@ -183,37 +112,44 @@ def evaluate_policy(
             f"{run.name}: beta {float(beta):g}: success {results[key]:.3f} over "
             f"{num_episodes} episodes, heading {headings[key]:.3f} ({seconds:.0f} s)"
         )
-    record = {"conditioning": data.conditioning, "num_episodes": num_episodes, "seed": seed,
+    record = {"conditioning": processor.conditioning, "num_episodes": num_episodes, "seed": seed,
               "guidance": guidance, "success": results, "heading": headings,
               "outcomes": {k: v.astype(int).tolist() for k, v in outcomes.items()}}  # fmt: skip
-    if data.conditioning not in PLAIN:
-        record["sensitivity"] = conditioning_sensitivity(model, data, seed, num_steps, noise_seed,
-                                                         config=config)  # fmt: skip
+    if processor.conditioning not in PLAIN:
+        record["sensitivity"] = conditioning_sensitivity(
+            model, processor, seed, num_steps, noise_seed, config=config)  # fmt: skip
         log.info(f"{run.name}: conditioning sensitivity {record['sensitivity']}")
     write_atomic({run / RESULTS_FILE: lambda p: p.write_text(json.dumps(record, indent=2) + "\n")})
     return results
 
 
-def reach_state_targets(data: PolicyDataset, state_targets: bool | None = None) -> bool:
-    """The reaching task's ``state_targets`` the policy was trained for, from the state names in
-    each training dataset's ``meta/info.json`` (``synthetic.STATE_NAMES``: False,
-    ``TARGET_STATE_NAMES``: True). An explicit ``state_targets`` that contradicts them, datasets
-    that disagree, or names of neither kind without an explicit value: one line."""
+def reach_state_targets(data, state_targets: bool | None = None) -> bool:
+    """The reaching task's ``state_targets`` the policy was trained for, from the state names of
+    its training data (``synthetic.STATE_NAMES``: False, ``TARGET_STATE_NAMES``: True): a
+    processor's ``state_names``, or each dataset's ``meta/info.json`` (a ``PolicyDataset``). An
+    explicit ``state_targets`` that contradicts them, datasets that disagree, or names of
+    neither kind without an explicit value: one line."""
     kinds = {STATE_NAMES: False, TARGET_STATE_NAMES: True}
-    found: dict[bool, Path] = {}
-    for source in data.sources:
-        dataset, key = source.frames.dataset, source.frames.key_map.state
-        names = tuple(dataset.features.get(key, {}).get("names") or ())
-        where = Path(dataset.root) / "meta" / "info.json"
+    found: dict[bool, object] = {}
+    if hasattr(data, "sources"):
+        named = []
+        for source in data.sources:
+            dataset, key = source.frames.dataset, source.frames.key_map.state
+            names = tuple(dataset.features.get(key, {}).get("names") or ())
+            where = Path(dataset.root) / "meta" / "info.json"
+            named.append((names, where, f"features.{key}.names"))
+    else:
+        named = [(tuple(data.state_names), PROCESSOR_FILE, "state_names")]
+    for names, where, label in named:
         if names not in kinds:
             if state_targets is None:
-                raise RecapError(f"{where}: features.{key}.names {list(names)} are not the "
-                                 "reaching task's; set evaluate_policy.state_targets")  # fmt: skip
+                raise RecapError(f"{where}: {label} {list(names)} are not the reaching task's; "
+                                 "set evaluate_policy.state_targets")  # fmt: skip
             continue
         found.setdefault(kinds[names], where)
         if state_targets is not None and kinds[names] != state_targets:
             written = "with" if kinds[names] else "without"
-            raise RecapError(f"{where}: features.{key}.names {list(names)}: the data was written "
+            raise RecapError(f"{where}: {label} {list(names)}: the data was written "
                              f"{written} --state-targets; evaluate_policy.state_targets = "
                              f"{state_targets} contradicts it (remove the binding)")  # fmt: skip
     if len(found) > 1:
@@ -224,7 +160,7 @@ def reach_state_targets(data: PolicyDataset, state_targets: bool | None = None) 
 
 def conditioning_sensitivity(
     model: Pi05Policy,
-    data: PolicyDataset,
+    processor: Pi05Processor,
     seed: int = 1000,
     num_steps: int | None = None,
     noise_seed: int = 0,
@@ -241,10 +177,11 @@ def conditioning_sensitivity(
     its label shows ~0 for the first two."""
     layouts = seeded_layouts(frames, seed, config)
     obs = stack_observations([ReachEnv(0, config).reset(layout) for layout in layouts])
-    positive_only = data.conditioning == "positive_only_conditional"
-    adapter = PolicyAdapter(model, data, 1.0, num_steps, noise_seed,
-                            "positive" if positive_only else "negative")  # fmt: skip
-    batch = adapter.batch(obs)
+    processor = getattr(processor, "processor", processor)  # a PolicyDataset carries one
+    positive_only = processor.conditioning == POSITIVE_ONLY
+    branches = (POSITIVE, PLAIN_BRANCH) if positive_only else (POSITIVE, NEGATIVE, PLAIN_BRANCH)
+    batch = processor.obs_to_batch(obs, branches=branches)
+    num_steps = num_steps or processor.num_steps
     config = model.config
     shape = (frames, config.action_horizon, config.action_dim)
     generator = torch.Generator().manual_seed(noise_seed)
@@ -255,7 +192,7 @@ def conditioning_sensitivity(
             return model.sample_actions(batch, eps, beta, num_steps, guidance=kind,
                                         positive_only=positive_only)  # fmt: skip
 
-    dims = len(data.stats["action"].q01)  # the robot's action dims, not the zero padding
+    dims = processor.robot_action_dim  # the robot's action dims, not the zero padding
 
     def distance(a: torch.Tensor, b: torch.Tensor) -> float:
         return float((a - b)[..., :dims].flatten(1).norm(dim=1).mean())

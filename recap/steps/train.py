@@ -64,15 +64,40 @@ def train(
     train_data = data_fn()
     eval_data = eval_data_fn() if eval_data_fn is not None else None
     check = getattr(train_data, "check_model", None)  # the data vets the model it will feed
+    built: dict = {}
 
     def build():
         model = model_fn()
         if check is not None:
             check(model)
+        built["config"] = getattr(model, "config", None)
         return model
 
     result = fit(build, train_data, eval_data, config, options, Tracker())
+    save_processor(train_data, built.get("config"), Path(run_dir))
     final = {**result.train_metrics, **result.eval_metrics}
     shown = ", ".join(f"{k} {v:.5g}" for k, v in final.items() if "loss" in k)
     log.info(f"{step_name}: step {result.step}; {shown}; weights in {result.export_path}")
     return result
+
+
+def save_processor(train_data, model_config, run_dir: Path) -> None:
+    """Write the training data's processor (``Pi05Processor``, ``ValueProcessor``) beside the
+    exported weights (rank 0), completed with what only the model knows (sampling steps,
+    vocabulary): ``load_policy`` / ``load_value`` then need the run directory alone."""
+    processor = getattr(train_data, "processor", None)
+    if processor is None or not distributed.is_main():
+        return
+    processor.for_model(model_config).save(run_dir)
+    from recap.models.pi05 import Pi05Config
+
+    if isinstance(model_config, Pi05Config):  # the sizes, so the run loads without gin
+        import dataclasses
+        import json
+
+        from recap.io import write_atomic
+        from recap.models.checkpoints import RECAP_CONFIG_FILE
+
+        text = json.dumps(dataclasses.asdict(model_config), indent=2)
+        write_atomic({run_dir / RECAP_CONFIG_FILE: lambda tmp: tmp.write_text(text)})
+    log.info(f"processor written to {run_dir / 'processor.json'}")

@@ -76,24 +76,18 @@ def test_pi05_prompt_with_discretized_state():
         cond.pi05_prompt("a", None, "rlinf")
 
 
-def test_policy_and_inference_prompts_and_padding():
+def test_conditioned_prompts_and_padding():
     states = np.array([[-1.0, 1.0], [0.0, 0.0]])
-    texts, conditional = cond.policy_prompts(["a_b", "c"], states, [True, False], prob=0.0)
-    assert conditional.tolist() == [True, True]
+    texts = [cond.conditioned_prompt(t, lab, s) for t, lab, s in zip(["a_b", "c"], [True, False],
+                                                                    states)]  # fmt: skip
     assert texts == [
         ("Task: a b Advantage: positive, State: 0 255;\nAction: ",),
         ("Task: c Advantage: negative, State: 128 128;\nAction: ",),
     ]
-    positive, plain = cond.inference_prompts(["c"], states[1:])
-    assert (positive, plain) == (
-        [("Task: c Advantage: positive, State: 128 128;\nAction: ",)],
-        [("Task: c, State: 128 128;\nAction: ",)],
-    )
-    positive, plain = cond.inference_prompts(["c"], None, "lerobot")
-    assert (positive, plain) == (
-        [("Task: c Advantage: positive;\nAction: ",)],
-        [("Task: c;\nAction: ",)],
-    )
+    assert cond.conditioned_prompt("c", None, states[1]) == ("Task: c, State: 128 128;\nAction: ",)
+    assert (cond.conditioned_prompt("c", True, None, "lerobot"),
+            cond.conditioned_prompt("c", None, None, "lerobot")) == (
+        ("Task: c Advantage: positive;\nAction: ",), ("Task: c;\nAction: ",))  # fmt: skip
     padded, mask = cond.pad_last(torch.ones(2, 3, 7), 32)
     assert padded.shape == (2, 3, 32) and int(mask.sum()) == 7 and float(padded[..., 7:].sum()) == 0
     with pytest.raises(RecapError, match="33 dims"):

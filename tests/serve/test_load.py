@@ -57,11 +57,12 @@ def test_a_recap_run_loads_with_its_gin_files(tmp_path, policy_dir, clean_gin):
     np.testing.assert_array_equal(
         served.infer(no_state(1))["actions"], same.infer(no_state(1))["actions"]
     )
+    gin.clear_config()  # without the run's bindings
     with pytest.raises(RecapError) as exc:
         load_served(run, device="cpu")
     assert str(exc.value) == (
-        f"--policy: {run} is a recap training run; pass its gin files (--gin_file, the ones it "
-        "was trained with) so the model's sizes are known"
+        f"--policy: {run} is a recap training run without processor.json; pass its gin files "
+        "(--gin_file, the ones it was trained with) so the model's sizes and inputs are known"
     )
 
 
@@ -91,7 +92,7 @@ def test_one_line_errors(tmp_path, policy_dir):
         load_served(bare, device="cpu")
     assert str(exc.value) == (
         f"--policy: {bare} has no assets/<asset_id>/norm_stats.json or LeRobot normalizer file; "
-        "a policy is served with the statistics it was trained with"
+        "a policy runs with the statistics it was trained with"
     )
     shutil.copytree(policy_dir / "assets", bare / "assets")
     with pytest.raises(RecapError) as exc:
@@ -135,10 +136,11 @@ def test_the_label_position_comes_from_the_run_and_shapes_the_guided_prompt(
     assert served.metadata()["label_position"] == "action"
     obs = observation(2, noise_seed=2)
     prompts = served.prepare(obs).prompts
-    state = normalize_quantile(obs["observation/state"], served.stats["state"])
-    for name, label in (("guided", True), ("plain", None)):
+    state = normalize_quantile(obs["observation/state"], served.processor.state_stats)
+    tokenizer = served.processor.load_tokenizer()
+    for name, label in (("positive", True), ("plain", None)):
         segments = conditioned_prompt(TASK, label, state, "openpi", "action")
-        ids, mask = tokenize_prompts(served.tokenizer, [segments], 48)
+        ids, mask = tokenize_prompts(tokenizer, [segments], 48)
         assert prompts[name] == ids[0, mask[0]].tolist()
-    guided = served.tokenizer.decode(prompts["guided"][1:])
+    guided = tokenizer.decode(prompts["positive"][1:])
     assert guided.index("state") < guided.index("advantage") < guided.index("action")
