@@ -28,7 +28,7 @@ import difflib
 import functools
 import inspect
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import gin
@@ -84,17 +84,21 @@ def _entry(name_or_fn: str | Callable) -> gin_config.Configurable:
     raise RecapError(f"gin: {name_or_fn!r} is not a gin configurable")
 
 
-def _required_params(entry: gin_config.Configurable) -> tuple[list[str], list[object]]:
-    """(names of REQUIRED parameters, defaults that are configurables) of ``entry``."""
+def _required_params(
+    entry: gin_config.Configurable, bound_names: Iterable[str] = ()
+) -> tuple[list[str], list[object]]:
+    """(names of REQUIRED parameters, defaults that are configurables) of ``entry``; the
+    defaults of ``bound_names`` (parameters bound to something else) are not called."""
     fn = entry.wrapped
     if inspect.isclass(fn):
         fn = fn.__init__
-    required, defaults = [], []
+    required, defaults, skip = [], [], set(bound_names)
     for param in inspect.signature(fn).parameters.values():
         if param.default is gin.REQUIRED:
             required.append(param.name)
         elif param.default is not param.empty and callable(param.default):
-            defaults.append(param.default)
+            if param.name not in skip:
+                defaults.append(param.default)
     return required, defaults
 
 
@@ -171,7 +175,7 @@ def _reached(root: str | Callable) -> Iterator[tuple[gin_config.Configurable, li
             for ref in _references(value):
                 if not _is(ref, gin_config._retrieve_constant):
                     pending.append((ref.configurable, [*scope, *ref.scopes]))
-        for default in _required_params(entry)[1]:
+        for default in _required_params(entry, bindings)[1]:
             found = next((e for _, e in gin_config._REGISTRY.items()
                           if e.wrapper is default), None)  # fmt: skip
             if found is not None:

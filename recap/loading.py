@@ -108,13 +108,16 @@ def foreign_processor(
     fields = {"normalization": OPENPI_FORMULA, "prompt_style": OPENPI}
     if lerobot is not None or str(found).endswith(".safetensors"):
         fields = {"normalization": LEROBOT_FORMULA, "prompt_style": LEROBOT}
+    fields["num_steps"] = int(model_config.num_steps)
     if lerobot is not None and lerobot.get("tokenizer_max_length"):
         fields["max_length"] = int(lerobot["tokenizer_max_length"])
+    if lerobot is not None and lerobot.get("num_inference_steps"):  # LeRobot's own setting
+        fields["num_steps"] = int(lerobot["num_inference_steps"])
     fields |= overrides
     processor = Pi05Processor(
         tokenizer=str(tokenizer), action_horizon=model_config.action_horizon,
         state_stats=stats["state"], action_stats=stats["action"],
-        action_dim=model_config.action_dim, num_steps=model_config.num_steps,
+        action_dim=model_config.action_dim,
         image_size=int(model_config.vision.get("image_size", 224)),
         vocab_size=int(model_config.text["vocab_size"]), **fields,
     )  # fmt: skip
@@ -240,7 +243,8 @@ class PolicyAdapter:
         seed: int = 0,
         guidance: str | None = None,
     ):
-        processor = getattr(processor, "processor", processor)  # a PolicyDataset carries one
+        if hasattr(processor, "processor"):  # a PolicyDataset: its processor, the model's steps
+            processor = processor.processor.for_model(getattr(model, "config", None))
         self.model, self.processor = model.eval(), processor
         self.beta = processor.check_beta(beta)
         self.num_steps = num_steps or processor.num_steps

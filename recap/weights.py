@@ -42,8 +42,8 @@ def save_safetensors(
     path: str | os.PathLike,
     metadata: dict[str, str] | None = None,
 ) -> Path:
-    """Write ``tensors`` to ``path`` atomically (``sidecars.write_atomic``; mode 0644)."""
-    from recap.data.sidecars import write_atomic
+    """Write ``tensors`` to ``path`` atomically (``recap.io.write_atomic``; mode 0644)."""
+    from recap.io import write_atomic
 
     path = Path(path)
     write_atomic({path: lambda tmp: tmp.write_bytes(safetensors_bytes(tensors, metadata))})

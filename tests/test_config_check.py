@@ -94,14 +94,29 @@ def test_every_unbound_name_is_listed_once():
     ]
 
 
+@gin.configurable("check_inner")
+def _inner(path: str = gin.REQUIRED, size: int = gin.REQUIRED):
+    return path, size
+
+
+@gin.configurable("check_outer")
+def _outer(inner_fn=_inner, name: str = gin.REQUIRED):
+    return inner_fn(), name
+
+
 def test_references_inside_scopes_and_defaults_are_followed():
-    # evaluate_policy's defaults are the configurables pi05_policy / policy_data themselves
-    parsed(["policy.gin"], ["pi05_policy.checkpoint = None", 'train.run_dir = "r"'])
-    assert {m.key for m in missing_required("evaluate_policy")} == {
-        "policy_data.advantages_tag",
-        "policy_data.datasets",
-        "policy_data.tokenizer_path",
-    }
+    # a configurable default (inner_fn = the configurable check_inner) is followed like a
+    # reference; a scoped reference is followed in its scope
+    gin.clear_config()
+    gin.parse_config(["check_inner.size = 3"])
+    assert {m.key for m in missing_required("check_outer")} == {
+        "check_inner.path", "check_outer.name"}  # fmt: skip
+    gin.parse_config(["check_outer.name = 'x'", "check_outer.inner_fn = @eval/check_inner",
+                      "eval/check_inner.path = 'p'"])  # fmt: skip
+    assert missing_required("check_outer") == []
+    gin.parse_config(["eval/check_inner.size = %gin.REQUIRED"])
+    assert [m.key for m in missing_required("check_outer")] == ["eval/check_inner.size"]
+    gin.clear_config()
 
 
 @pytest.mark.parametrize("step", sorted(LIBERO_STEPS))

@@ -102,6 +102,7 @@ def rlinf_rehearsal(tmp_path_factory):
     # data.return_min / return_max; Step 3 reads the imported values back with it
     trained = json.loads((run_dir(runs, "value") / "return_range.json").read_text())
     configs += ["--return-range", str(trained["return_min"]), str(trained["return_max"])]
+    configs += ["--resize", "antialias"]  # recap trained it: its images were antialiased
     assert import_main(["rlinf-value", str(rlinf), "--out", str(imported), *configs]) == 0
     step3 = [f'include "{TINY}"', *(b.removeprefix("all:") for b in standins.bindings()),
              f'compute_advantages.model_path = "{imported}"', 'compute_advantages.tag = "imported"',
@@ -157,7 +158,7 @@ def test_rlinf_value_checkpoint_is_gemma1_and_step3_on_the_import_matches(rlinf_
     assert (config["expert_style"], config["expert_width"], config["expert_depth"]) == (
         "gemma1", 32, 2)  # fmt: skip
     assert "positives: " in out
-    assert f"from {imported / 'return_range.json'}" in out  # the range it trained with (SFT)
+    assert f"from {imported / 'processor.json'}" in out  # the range it trained with (SFT)
     tag = f"adv_{run_dir(runs, 'advantages').name}"
     for dataset in (standins.sft, standins.train):
         ours = pq.read_table(dataset / "meta" / "advantages_imported.parquet")

@@ -79,11 +79,14 @@ def load_state(path: str | Path) -> dict:
 
 
 def import_value(
-    source, out, vision=None, text=None, truncate=False, keep_unused=False, return_range=None
-) -> Path:
+    source, out, vision=None, text=None, truncate=False, keep_unused=False, return_range=None,
+    resize="bilinear",
+) -> Path:  # fmt: skip
     """Write ``out/model.safetensors`` + ``out/config.json`` from RLinf's value checkpoint, and
-    with ``return_range`` (RLinf's ``data.return_min`` / ``return_max`` the model was trained
-    with) ``out/return_range.json``, which Step 3 then uses to read the values back."""
+    its processor (``out/processor.json``: the image ``resize`` rule, RLinf's ``bilinear``
+    without antialiasing by default, and with ``return_range`` (RLinf's ``data.return_min`` /
+    ``return_max`` the model was trained with) the range Step 3 reads the values back with;
+    ``out/return_range.json`` too, for older readers)."""
     import dataclasses
 
     import torch
@@ -119,6 +122,11 @@ def import_value(
         from recap.data.datasets import write_return_range
 
         write_return_range(out, ReturnRange(*map(float, return_range)), ["rlinf"])
+    from recap.processing.value import ValueProcessor
+
+    size = int(config0.vision.get("image_size", 224))
+    rng = None if return_range is None else tuple(map(float, return_range))
+    ValueProcessor("", rng, size, resize).for_model(config0).save(out)
     return out
 
 
@@ -209,6 +217,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     imp.add_argument("--return-range", nargs=2, type=float, metavar=("MIN", "MAX"),
                      help="RLinf's data.return_min/return_max the value model was trained with "
                      "(recorded for Step 3)")  # fmt: skip
+    imp.add_argument("--resize", choices=("bilinear", "antialias"), default="bilinear",
+                     help="how the model's images were resized in training: bilinear without "
+                     "antialiasing (RLinf's value preprocessing, the default) or antialias "
+                     "(a value model recap trained and exported)")  # fmt: skip
     exp = sub.add_parser("export-rlinf-value", help="recap gemma1 value dir -> RLinf .pt")
     exp.add_argument("directory")
     exp.add_argument("--out", required=True)
@@ -236,7 +248,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.what == "rlinf-value":
             path = import_value(args.source, args.out, args.vision_config, args.text_config,
-                                args.truncate, args.keep_unused, args.return_range)  # fmt: skip
+                                args.truncate, args.keep_unused, args.return_range,
+                                args.resize)  # fmt: skip
         elif args.what == "rlinf-policy":
             path = import_policy(args.source, args.out, args.base, args.variant)
         elif args.what == "export-rlinf-policy":

@@ -195,7 +195,8 @@ def read_config(
                          "pass a Pi05Config with the sizes")  # fmt: skip
     fields = {"text": dict(PALIGEMMA_2B), "expert": dict(GEMMA_300M)}
     for ours, theirs in (("action_horizon", ("action_horizon", "chunk_size")),
-                         ("action_dim", ("action_dim", "max_action_dim"))):  # fmt: skip
+                         ("action_dim", ("action_dim", "max_action_dim")),
+                         ("num_steps", ("num_inference_steps",))):  # fmt: skip
         value = next((raw[k] for k in theirs if k in raw), None)
         if value is not None:
             fields[ours] = int(value)

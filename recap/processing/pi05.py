@@ -147,6 +147,15 @@ class Pi05Processor:
         object.__setattr__(self, "_tokenizer", None)
         object.__setattr__(self, "_cache", {})
 
+    def __getstate__(self) -> dict:
+        """Pickled (data-loader workers) without its lock; the loaded tokenizer and the
+        prompt cache travel with it."""
+        return {k: v for k, v in self.__dict__.items() if k != "_lock"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        object.__setattr__(self, "_lock", threading.Lock())
+
     # ---- sizes ----------------------------------------------------------------------------
 
     @property

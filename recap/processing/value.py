@@ -8,7 +8,8 @@ run and by ``recap-import rlinf-value``; Step 2's data and Step 3 read the same 
   antialiasing) for RLinf's value models, whose preprocessing does not antialias;
 - prompt: ``"Task: {cleaned task}."`` tokenized with BOS, at most ``max_length`` tokens;
 - values: ``return_range`` is the range the training targets were normalized with (Step 3
-  normalizes its returns with the same map); the model's ``num_bins`` atoms span
+  normalizes its returns with the same map; None when unknown, e.g. an import without
+  ``--return-range``: Step 3 then uses its datasets' range); the model's ``num_bins`` atoms span
   ``[v_min, v_max]``.
 """
 
@@ -48,7 +49,7 @@ class ValueProcessor:
     """The transform that feeds one value model (see the module docstring)."""
 
     tokenizer: str
-    return_range: tuple[float, float]
+    return_range: tuple[float, float] | None
     image_size: int = 224
     resize: str = RESIZE_ANTIALIAS
     cameras: tuple[str, ...] = ()
@@ -61,13 +62,17 @@ class ValueProcessor:
     def __post_init__(self):
         check_resize(self.resize)
         object.__setattr__(self, "cameras", tuple(self.cameras))
-        low, high = (float(v) for v in self.return_range)
-        object.__setattr__(self, "return_range", (low, high))
-        if not low < high:
-            raise RecapError(f"processor: return_range ({low}, {high}) needs min < max")
+        if self.return_range is not None:
+            low, high = (float(v) for v in self.return_range)
+            object.__setattr__(self, "return_range", (low, high))
+            if not low < high:
+                raise RecapError(f"processor: return_range ({low}, {high}) needs min < max")
         if len(self.cameras) > self.num_slots:
             raise RecapError(f"processor: {len(self.cameras)} cameras {self.cameras} but the "
                              f"value model has {self.num_slots} slots")  # fmt: skip
+
+    def replace(self, **changes) -> ValueProcessor:
+        return dataclasses.replace(self, **changes)
 
     def for_model(self, config) -> ValueProcessor:
         """This processor with the model's (a ``ValueConfig``) bins and value range."""
@@ -108,7 +113,8 @@ class ValueProcessor:
                   directory: str | os.PathLike | None = None) -> ValueProcessor:  # fmt: skip
         fields = _check_fields(cls, raw, VALUE_KIND, where)
         fields["cameras"] = tuple(fields.get("cameras", ()))
-        fields["return_range"] = tuple(fields["return_range"])
+        if fields["return_range"] is not None:
+            fields["return_range"] = tuple(fields["return_range"])
         if directory is not None:
             fields["tokenizer"] = _absolute(fields["tokenizer"], directory)
         try:

@@ -59,12 +59,14 @@ from recap.data.sidecars import (
     write_atomic,
 )
 from recap.data.specs import DatasetSpec, parse_dataset_specs
-from recap.data.transforms import load_tokenizer
 from recap.engine import accelerator, distributed
 from recap.engine.inference import load_exported, predict, shard_positions
 from recap.engine.tracking import RUN_FILE, Tracker
 from recap.errors import RecapError
 from recap.models.value import CONFIG_FILE, WEIGHTS_FILE, ValueModel, load_value_model
+from recap.processing.pi05 import PROCESSOR_FILE
+from recap.processing.transforms import RESIZE_ANTIALIAS, load_tokenizer
+from recap.processing.value import read_value_processor
 from recap.steps.relabel import frame_columns
 
 log = logs.get(__name__)
@@ -114,7 +116,10 @@ def compute_advantages(
     distributed.init()
     model = load_model(plan.weights, model_fn, PRECISIONS[precision])
     size = image_size or int(model.config.vision["image_size"])
-    data = ValueDataset(plan.specs, returns_tag, plan.range, plan.tokenizer, size, max_length)
+    processor = read_value_processor(plan.weights.parent)  # its resize rule (RLinf: no antialias)
+    resize = processor.resize if processor is not None else RESIZE_ANTIALIAS
+    data = ValueDataset(plan.specs, returns_tag, plan.range, plan.tokenizer, size, max_length,
+                        resize=resize)  # fmt: skip
     begin = time.perf_counter()
     values = infer_values(model, data, batch_size, num_workers)
     if values is None:  # ranks other than 0 are done
@@ -177,9 +182,12 @@ class Plan:
         gamma = returns_gamma(specs, stats) if gamma is None else gamma
         check_lookahead(lookahead, gamma)
         recorded = read_return_range(weights.parent)
+        processor = read_value_processor(weights.parent)
         if return_range:
             rng, where = ReturnRange(*return_range), "compute_advantages.return_range"
-        elif recorded is not None:  # the range the value model was trained with
+        elif processor is not None and processor.return_range is not None:
+            rng, where = ReturnRange(*processor.return_range), str(weights.parent / PROCESSOR_FILE)
+        elif recorded is not None:  # the range the value model was trained with (older runs)
             rng, where = recorded[0], str(recorded[1])
         else:  # imported or older value models record none
             rng = ReturnRange.union([ReturnRange(s["return_min"], s["return_max"]) for s in stats])

@@ -269,7 +269,7 @@ def test_inference_prompts_and_frames_equal_training_for_the_same_frame(data):
     labelled = PolicyDataset(specs, TAG, tok, dropout=0.0, **common)
     plain = PolicyDataset(specs, TAG, tok, dropout=1.0, **common)
     items = [int(np.flatnonzero(labelled.labels)[0]), int(np.flatnonzero(labelled.labels)[-1])]
-    adapter = PolicyAdapter(torch.nn.Identity(), labelled)
+    adapter = PolicyAdapter(torch.nn.Identity(), labelled, beta=2.0)  # both branches
     for i in items:
         source = labelled.sources[labelled.source_of[i]]
         row = np.array([labelled.row_of[i]])

@@ -309,6 +309,57 @@ def test_import_rlinf_value_round_trips_bit_for_bit(tmp_path):
     assert all(torch.equal(back[k], state[k]) and back[k].dtype == state[k].dtype for k in state)
 
 
+def rlinf_resize(images: np.ndarray, size: int):
+    """RLinf's value preprocessing as FORMATS.md describes it, written here from the text:
+    the longer side resized to ``size`` (bilinear, no antialiasing), centred, padded with 0 in
+    uint8, then ``x / 255 * 2 - 1``: float32[N, 3, size, size]."""
+    import torch
+    import torch.nn.functional as F
+
+    unit = torch.from_numpy(images).permute(0, 3, 1, 2).float() / 255.0
+    height, width = unit.shape[-2:]
+    ratio = max(height / size, width / size)
+    new_h, new_w = int(height / ratio), int(width / ratio)
+    resized = F.interpolate(unit, size=(new_h, new_w), mode="bilinear", align_corners=False,
+                            antialias=False).clamp(0.0, 1.0)  # fmt: skip
+    as_uint8 = (resized * 255.0).round()
+    top, left = (size - new_h) // 2, (size - new_w) // 2
+    padded = F.pad(as_uint8, (left, size - new_w - left, top, size - new_h - top), value=0.0)
+    return padded / 255.0 * 2.0 - 1.0
+
+
+def test_an_imported_rlinf_value_model_gets_rlinfs_v_on_an_image_not_at_model_size(tmp_path):
+    import torch
+
+    from recap.commands.import_rlinf import main
+    from recap.models.value import load_value_model
+    from recap.processing.value import read_value_processor
+
+    torch.save(rlinf_state(tiny_model(truncate_backbone=False)), tmp_path / "w.pt")
+    out = tmp_path / "m"
+    assert main(["rlinf-value", str(tmp_path / "w.pt"), "--out", str(out),
+                 *_write_configs(tmp_path)]) == 0  # fmt: skip
+    processor = read_value_processor(out)
+    assert (processor.resize, processor.image_size, processor.return_range) == (
+        "bilinear", 16, None)  # fmt: skip
+    model = load_value_model(out).eval()
+    image = np.random.default_rng(0).integers(0, 256, (2, 20, 28, 3), dtype=np.uint8)
+    frames, masks = processor.pack({"observation.images.image": image})
+    assert frames.shape == (2, 3, 16, 16, 3) and masks.tolist() == [[True, False, False]] * 2
+    tokens = {"input_ids": torch.tensor([[2, 7, 9, 4]] * 2),
+              "attention_mask": torch.ones(2, 4, dtype=torch.bool)}  # fmt: skip
+    reference = torch.zeros(2, 3, 3, 16, 16)  # a missing camera: zeros, mask False
+    reference[:, 0] = rlinf_resize(image, 16)
+    with torch.no_grad():
+        ours = model.predict_value({"frames": frames, "image_masks": masks, **tokens})
+        theirs = model.predict_value({"images": reference, "image_masks": masks, **tokens})
+        antialiased = processor.replace(resize="antialias").pack(
+            {"observation.images.image": image})[0]  # fmt: skip
+        other = model.predict_value({"frames": antialiased, "image_masks": masks, **tokens})
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-6)
+    assert (ours - other).abs().max() > 1e-5  # the rule matters: antialiasing moves V
+
+
 def test_import_rlinf_value_truncates_and_refuses_unknown_keys(tmp_path, capsys):
     import torch
 

@@ -158,7 +158,7 @@ def test_guidance_refusals(model):
     batch, (noise, _) = guided_batch(), fixed()
     with pytest.raises(RecapError, match="positive_only_conditional"):
         model.sample_actions(batch, noise, beta=2.0, guidance="negative", positive_only=True)
-    with pytest.raises(RecapError, match="guidance='sideways'"):
+    with pytest.raises(RecapError, match="guidance: 'sideways' is not one of"):
         model.sample_actions(batch, noise, guidance="sideways")
     no_neg = {k: v for k, v in batch.items() if not k.startswith("neg_")}
     with pytest.raises(RecapError, match="neg_input_ids"):

@@ -135,6 +135,46 @@ def test_the_evaluation_guides_with_each_rlinf_guidance_type(run):
     # no_guide is the plain prompt alone: beta is ignored, and positive at beta 0 is the same
     np.testing.assert_array_equal(act(3.0, "no_guide"), act(0.0, "positive"))
     # negative guides with the "Advantage: negative" prompt: its batch carries that prompt
-    batch = PolicyAdapter(model, data, guidance="negative").batch(obs)
+    adapter = PolicyAdapter(model, data, beta=2.0, guidance="negative")
+    assert "input_ids" not in adapter.batch(obs)  # the negative guide and the plain prompt
+    batch = adapter.processor.obs_to_batch(obs, branches=("positive", "negative"))
     assert not torch.equal(batch["neg_input_ids"], batch["input_ids"])
     assert not np.array_equal(act(2.0, "negative"), act(2.0, "positive"))
+
+
+def test_the_run_serves_and_evaluates_from_its_directory_alone(run):
+    # no gin at all: processor.json and recap_pi05.json, written by the training, say everything
+    from recap.loading import load_policy
+    from recap.serve.load import load_served
+
+    gin.clear_config()
+    directory = run["root"] / "run"
+    processor = json.loads((directory / "processor.json").read_text())
+    assert (processor["kind"], processor["conditioning"], processor["num_steps"],
+            processor["image_size"], processor["action_horizon"], processor["cameras"]) == (
+            "pi05", "paper", 5, 64, 5, ["image", "wrist_image"])  # fmt: skip
+    assert processor["tokenizer"] == str(run["root"] / "demo_data" / "tokenizer")
+    served = load_served(directory, beta=2.0, device="cpu")
+    meta = served.metadata()
+    assert (meta["conditioning"], meta["num_steps"], meta["normalization"], meta["state_dim"],
+            meta["action_horizon"]) == ("paper", 5, "openpi", 8, 5)  # fmt: skip
+    obs = {
+        "observation/image": np.zeros((64, 64, 3), np.uint8),
+        "observation/wrist_image": np.zeros((64, 64, 3), np.uint8),
+        "observation/state": np.zeros(8, np.float32),
+        "prompt": "reach the red target",
+    }
+    assert served.infer(obs)["actions"].shape == (5, 7)
+    model, loaded = load_policy(directory)
+    assert loaded.to_json() == served.processor.to_json()
+    np.testing.assert_array_equal(loaded.state_stats.q01, policy_data_stats(run)["state"].q01)
+    gin.clear_config()
+
+
+def policy_data_stats(run):
+    """The statistics the training data computed (with the run's bindings), then gin cleared."""
+    gin.clear_config()
+    parse_gin(["demo/policy.gin"], run["params"])
+    stats = policy_data().stats
+    gin.clear_config()
+    return stats
