@@ -19,13 +19,13 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export MLFLOW_TRACKING_URI ?= sqlite:///mlflow.db
 
-.PHONY: demo test test-slow test-field test-lerobot lint bench clean
+.PHONY: demo test test-slow test-field test-lerobot lint bench docs clean
 
 $(STAMP): setup.py constraints-cpu.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -c constraints-cpu.txt -e '.[dev,viz]'
+	$(PY) -m pip install -q -c constraints-cpu.txt -e '.[dev,viz,docs]'
 	$(PY) -m pip install -q --no-deps -c constraints-cpu.txt openpi-client  # tests/serve; see setup.py
 	touch $(STAMP)
 
@@ -61,6 +61,10 @@ $(LEROBOT_STAMP): setup.py
 test-lerobot: $(LEROBOT_STAMP)
 	$(LEROBOT_PY) -m pytest -q tests/lerobot
 
+# The documentation site into site/ (tests/test_docs.py builds it strictly in `make test`).
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict --site-dir site
+
 test-slow: $(STAMP)
 	RECAP_SLOW=1 $(PY) -m pytest -q -s -m slow tests/slow
 
@@ -82,4 +86,4 @@ bench: $(STAMP)
 	$(PY) bench/serve.py
 
 clean:
-	rm -rf $(VENV) $(FIELD_VENV) $(LEROBOT_VENV) $(DEMO_DATA) mlflow.db mlruns runs .pytest_cache
+	rm -rf $(VENV) $(FIELD_VENV) $(LEROBOT_VENV) $(DEMO_DATA) mlflow.db mlruns runs site .pytest_cache

@@ -58,6 +58,12 @@ setup(
         # No `lerobot` extra: no recap code imports it (recap reads and writes its formats itself);
         # `make test-lerobot` installs lerobot[pi,dataset]==0.6.1 beside recap to prove them equal.
         "viz": ["matplotlib>=3.7"],
+        # The documentation site (mkdocs.yml; `make docs`, tests/test_docs.py builds it strictly).
+        "docs": [
+            "mkdocs>=1.6",
+            "mkdocs-material>=9.5",
+            "mkdocstrings[python]>=0.26",
+        ],
         # openpi-client (tests/serve) declares numpy<2 but runs on numpy 2: the Makefile installs
         # it with --no-deps; typing_extensions is the import it forgets to declare.
         "dev": [

@@ -1,4 +1,4 @@
-"""Step 3: n-step advantages of every frame, and the advantages sidecar (SPEC, Step 3).
+"""Step 3: n-step advantages of every frame, and the advantages sidecar (docs/spec.md §5).
 
 For frame t of an episode ending at T (exclusive), lookahead N >= 1 and discount gamma in (0, 1]::
 
@@ -11,12 +11,12 @@ and ``norm_ret(G) = (G - offset) / scale`` (a return; offset = return_max, scale
 return_min, or offset 0 and scale = the task's longest episode). Past the end the window sum *is*
 the return G_t, so it takes the return map, the one the value model was trained on: a perfect
 value model (gamma 1) then gives A = 0 on every frame, whatever return_max is. When return_max = 0
-(the SPEC example) ``norm_ret = norm_sum`` and this is the SPEC formula with bootstrap 0.
+(the docs/spec.md §5 example) ``norm_ret = norm_sum`` and this is the docs/spec.md §5 formula with bootstrap 0.
 ``value_next`` is 0 where the window runs past the end (nothing is bootstrapped there), so ``A =
 reward_sum + gamma^N value_next - value_current`` holds on every row of the sidecar.
 
 Whole-column numpy, no loop over frames or episodes. ``tests/core/test_advantages.py`` checks
-every formula here against a per-frame double loop written straight from SPEC; the fast paths
+every formula here against a per-frame double loop written straight from docs/spec.md §5; the fast paths
 (prefix sums, buffers from Arrow's pool) are the ones ``bench/advantages.py`` measures.
 
 Labels and thresholds: ``thresholds.py``; the frame-table plumbing (sorting, keys, checked
@@ -100,7 +100,7 @@ def n_step_advantages(
     scale: np.ndarray | float,
     offset: np.ndarray | float = 0.0,
 ) -> NStep:
-    """The n-step advantage of every frame (SPEC, Step 3)::
+    """The n-step advantage of every frame (docs/spec.md §5)::
 
         S_t = sum_{k < min(N, T-t)} gamma^k r_{t+k}
         t + N <  T:  A_t = S_t / scale            + gamma^N V(o_{t+N}) - V(o_t)

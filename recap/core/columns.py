@@ -59,7 +59,7 @@ ADVANTAGES_SCHEMA = pa.schema(
     ]
 )
 
-# Dataset types (SPEC: sft = all successes, rollout = mixed outcomes).
+# Dataset types (docs/spec.md §1: sft = all successes, rollout = mixed outcomes).
 SFT = "sft"
 ROLLOUT = "rollout"
 DATASET_TYPES = (SFT, ROLLOUT)

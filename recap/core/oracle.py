@@ -4,7 +4,7 @@ RECAP trained on labels that need no value model (every frame of a successful ep
 every frame of a failed one negative) separates two questions when RECAP loses to behaviour
 cloning: if the oracle-labelled policy does not beat BC either, the conditioning path or the
 setting is at fault, not the value model. The outcome comes from the Step 1 returns sidecar: an
-episode's last reward is 0 when it succeeded (SPEC, Step 1), ``failure_reward`` otherwise
+episode's last reward is 0 when it succeeded (docs/spec.md §2), ``failure_reward`` otherwise
 (``episode_success``, which Step 3's summary reads too).
 """
 

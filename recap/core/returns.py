@@ -1,4 +1,4 @@
-"""Step 1: per-frame rewards and discounted returns (SPEC, Step 1), vectorized over columns.
+"""Step 1: per-frame rewards and discounted returns (docs/spec.md §2), vectorized over columns.
 
 For an episode of length T: ``r_t = -1`` for ``t < T-1``; ``r_{T-1} = 0`` on success, else
 ``failure_reward``; ``G_{T-1} = r_{T-1}`` and ``G_t = r_t + gamma * G_{t+1}``.
@@ -62,7 +62,7 @@ def discounted_returns(rewards: np.ndarray, episodes: Episodes, gamma: float) ->
 
 
 def episode_success(outcome: np.ndarray, episodes: Episodes) -> np.ndarray:
-    """bool[E] outcome of each episode, read at its last frame (SPEC).
+    """bool[E] outcome of each episode, read at its last frame (docs/spec.md §2).
 
     Args:
         outcome: bool[n] per-frame outcome column in the table's row order (numbers must be

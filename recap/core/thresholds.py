@@ -1,4 +1,4 @@
-"""Step 3 labels: advantages thresholded into ``advantage`` booleans (SPEC, Step 3).
+"""Step 3 labels: advantages thresholded into ``advantage`` booleans (docs/spec.md §5).
 
 Per scope (all frames, per task, per dataset) the threshold is the ``1 - positive_quantile``
 quantile of A with linear interpolation (``np.percentile``'s default); ``advantage = A >=
@@ -62,7 +62,7 @@ def check_positive_quantile(q: float) -> float:
 
 
 def quantile_threshold(advantages: np.ndarray, positive_quantile: float) -> float:
-    """float64[n] -> ``np.quantile(A, 1 - q)`` (linear interpolation), bit for bit (SPEC).
+    """float64[n] -> ``np.quantile(A, 1 - q)`` (linear interpolation), bit for bit (docs/spec.md §5).
 
     numpy interpolates between the order statistics at ``floor(v)`` and ``floor(v) + 1`` with
     ``v = (n - 1)(1 - q)``; one single-k ``np.partition`` finds them (several times faster than

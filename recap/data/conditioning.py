@@ -1,6 +1,6 @@
 """Advantage conditioning for the Step 4 policy: prompts, label dropout, labels, quantile stats.
 
-Prompts (SPEC "Step 4"): conditional ``"{task}\\nAdvantage: positive"`` (or ``negative``),
+Prompts (docs/spec.md §6): conditional ``"{task}\\nAdvantage: positive"`` (or ``negative``),
 unconditional = the plain task. Which frames get the text (``draw_conditional``, one uniform per
 frame from a ``torch.Generator``, so a seed reproduces it):
 

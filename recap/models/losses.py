@@ -77,7 +77,7 @@ def flow_matching_loss(
 
     loss_b = sum_{h,a} m_bha (v_bha - u_bha)^2 / sum_{h,a} m_bha, with ``mask`` bool (or float
     weights) broadcastable to [B, H, A] (False at padded action steps or dims; default all True;
-    an example with no valid entry has loss 0). SPEC "Step 4"; openpi's loss is the unmasked mean.
+    an example with no valid entry has loss 0). docs/spec.md §6; openpi's loss is the unmasked mean.
     """
     error = (velocity.float() - (noise.float() - actions.float())).square()
     if mask is None:
