@@ -11,12 +11,13 @@ and ``norm_ret(G) = (G - offset) / scale`` (a return; offset = return_max, scale
 return_min, or offset 0 and scale = the task's longest episode). Past the end the window sum *is*
 the return G_t, so it takes the return map, the one the value model was trained on: a perfect
 value model (gamma 1) then gives A = 0 on every frame, whatever return_max is. When return_max = 0
-(the docs/spec.md §5 example) ``norm_ret = norm_sum`` and this is the docs/spec.md §5 formula with bootstrap 0.
+(the example of docs/spec.md §5) ``norm_ret = norm_sum`` and this is that formula with bootstrap 0.
 ``value_next`` is 0 where the window runs past the end (nothing is bootstrapped there), so ``A =
 reward_sum + gamma^N value_next - value_current`` holds on every row of the sidecar.
 
 Whole-column numpy, no loop over frames or episodes. ``tests/core/test_advantages.py`` checks
-every formula here against a per-frame double loop written straight from docs/spec.md §5; the fast paths
+every formula here against a per-frame double loop written straight from docs/spec.md §5; the
+fast paths
 (prefix sums, buffers from Arrow's pool) are the ones ``bench/advantages.py`` measures.
 
 Labels and thresholds: ``thresholds.py``; the frame-table plumbing (sorting, keys, checked

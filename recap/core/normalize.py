@@ -23,7 +23,7 @@ MODES = (GLOBAL, TASK_LENGTH)
 
 @dataclass(frozen=True)
 class ReturnRange:
-    """Return range over the training datasets (docs/spec.md §3: min over datasets, max over datasets)."""
+    """Return range over the training datasets (docs/spec.md §3: min of minima, max of maxima)."""
 
     return_min: float
     return_max: float

@@ -62,7 +62,7 @@ def check_positive_quantile(q: float) -> float:
 
 
 def quantile_threshold(advantages: np.ndarray, positive_quantile: float) -> float:
-    """float64[n] -> ``np.quantile(A, 1 - q)`` (linear interpolation), bit for bit (docs/spec.md §5).
+    """float64[n] -> ``np.quantile(A, 1 - q)`` (linear interpolation), bit for bit (spec §5).
 
     numpy interpolates between the order statistics at ``floor(v)`` and ``floor(v) + 1`` with
     ``v = (n - 1)(1 - q)``; one single-k ``np.partition`` finds them (several times faster than
