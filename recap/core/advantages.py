@@ -17,8 +17,7 @@ reward_sum + gamma^N value_next - value_current`` holds on every row of the side
 
 Whole-column numpy, no loop over frames or episodes. ``tests/core/test_advantages.py`` checks
 every formula here against a per-frame double loop written straight from docs/spec.md §5; the
-fast paths
-(prefix sums, buffers from Arrow's pool) are the ones ``bench/advantages.py`` measures.
+fast paths (prefix sums, buffers from Arrow's pool) are the ones ``bench/advantages.py`` measures.
 
 Labels and thresholds: ``thresholds.py``; the frame-table plumbing (sorting, keys, checked
 columns, joins): ``frames.py``.
