@@ -26,12 +26,10 @@ import pyarrow.compute as pc
 import torch
 from torch.utils.data import Dataset
 
-from recap import logs
-from recap.config_check import bound
 from recap.core import columns as C
 from recap.core.frames import align_to_frames
 from recap.core.normalize import ReturnRange, normalize_returns
-from recap.data.lerobot import KeyMap
+from recap.data.lerobot import KeyMap, spec_key_map
 from recap.data.loader import FrameDataset, pass_through
 from recap.data.sidecars import read_returns, write_atomic
 from recap.data.specs import DatasetSpec, split_specs
@@ -43,7 +41,9 @@ from recap.processing.value import ValueProcessor
 MIXING = ("proportional", "balanced")
 
 
-RANGE_FILE = "return_range.json"  # beside a value run's weights: its training return range
+# Older value runs (and RLinf imports, for older readers) carry their training return range in
+# return_range.json; runs now carry it in processor.json (``ValueProcessor.return_range``).
+RANGE_FILE = "return_range.json"
 
 
 def training_return_range(specs: list[DatasetSpec], tag: str) -> ReturnRange:
@@ -139,10 +139,12 @@ class ValueDataset(Dataset):
         )  # fmt: skip
 
     def _source(self, spec: DatasetSpec, tag: str, key_map: KeyMap | None, prompts: list[str]):
+        key_map = key_map or spec_key_map(spec)  # gin's, else detected
         frames = FrameDataset(spec.root, key_map=key_map)
         if len(frames.key_map.cameras) > NUM_CAMERAS:
             cams = len(frames.key_map.cameras)
-            message = f"{cams} cameras; the value model has {NUM_CAMERAS} slots, trim the key map"
+            message = (f"{cams} cameras; the value model has {NUM_CAMERAS} slots; name three with "
+                       "\"cameras\" in the dataset's gin entry")  # fmt: skip
             raise DatasetError(located(spec.root, message))
         sidecar, _ = read_returns(spec.root, tag)
         keys = pa.table({C.EPISODE_INDEX: frames.columns[C.EPISODE_INDEX],
@@ -247,8 +249,9 @@ def value_data(
 ) -> ValueDataset:
     """Gin builder of the value model's train (``split="train"``) or eval data.
 
-    Both splits normalize targets with the training datasets' return range; the train split
-    records it as ``{train.run_dir}/return_range.json`` (rank 0), which Step 3 reads. In gin::
+    Both splits normalize targets with the training datasets' return range; it travels in the
+    dataset's ``ValueProcessor``, which ``train`` writes beside the weights (``processor.json``)
+    and Step 3 reads back. In gin::
 
         train.data_fn = @value_data
         train.eval_data_fn = @eval/value_data
@@ -256,9 +259,6 @@ def value_data(
     """
     train_specs, specs = split_specs("value_data", split, datasets, eval_datasets, data_root)
     return_range = training_return_range(train_specs, returns_tag)
-    run_dir = bound("train.run_dir")
-    if split == "train" and run_dir is not None and logs.is_main():
-        write_return_range(run_dir, return_range, [s.name for s in train_specs])
     return ValueDataset(
         specs, returns_tag, return_range, load_tokenizer(tokenizer_path), image_size,
         max_length, mixing=mixing, seed=seed,

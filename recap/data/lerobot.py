@@ -27,12 +27,16 @@ import pyarrow as pa
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
+from recap import logs
 from recap.core import columns as C
 from recap.core.columns import ColumnValueError, as_flags, as_index
 from recap.core.episodes import Episodes, FrameIndexError, find_episodes
+from recap.data.specs import SLOT_ROLES, DatasetSpec
 from recap.data.video import VideoCache, decode_image
 from recap.errors import DatasetError, located
-from recap.processing.cameras import slot_order
+from recap.processing.cameras import NUM_CAMERAS, is_wrist, slot_order
+
+log = logs.get(__name__)
 
 SUPPORTED_VERSIONS = ("v2.0", "v2.1", "v3.0")
 CAMERA_DTYPES = ("image", "video")
@@ -42,13 +46,16 @@ _V3_DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
 
 @dataclass(frozen=True)
 class KeyMap:
-    """Feature keys: cameras in fixed order (base, left wrist, right wrist), state, action."""
+    """Feature keys: cameras in slot order (base, left wrist, right wrist; ``""`` leaves a slot
+    empty), state, action."""
 
     cameras: tuple[str, ...]
     state: str
     action: str
 
 
+STATE_KEYS = ("observation.state", "state")  # detected state keys, in preference order
+ACTION_KEYS = ("action", "actions")
 LIBERO_KEYS = KeyMap(cameras=("image", "wrist_image"), state="state", action="actions")
 LEROBOT_KEYS = KeyMap(
     cameras=("observation.images.image", "observation.images.wrist_image"),
@@ -69,18 +76,135 @@ def detect_key_map(features: Mapping[str, dict], where: object = "meta/info.json
             return known
     cams = [k for k, f in features.items() if f.get("dtype") in CAMERA_DTYPES]
     cams = slot_order(cams)  # the one camera rule (recap.processing.transforms)
-    state = next((k for k in ("observation.state", "state") if k in features), None)
-    action = next((k for k in ("action", "actions") if k in features), None)
+    state = next((k for k in STATE_KEYS if k in features), None)
+    action = next((k for k in ACTION_KEYS if k in features), None)
     if not cams or state is None or action is None:
         raise DatasetError(
             located(
                 where,
                 "features: cannot detect camera/state/action keys (need image or video features, "
                 "'observation.state' or 'state', 'action' or 'actions'; found "
-                f"{', '.join(features)}); pass an explicit KeyMap",
+                f"{', '.join(features)}); name them in the dataset's gin entry "
+                '("cameras", "state_key", "action_key")',
             )
         )
     return KeyMap(cameras=tuple(cams), state=state, action=action)
+
+
+MAX_DIM = 32  # π0.5's padded state/action width (openpi's action_dim)
+_SHOWN: set[tuple] = set()  # key maps already printed by this process (once per dataset)
+
+
+def feature_dims(features: Mapping[str, dict], key: str) -> int:
+    """The flat size of feature ``key`` (the product of its info.json ``shape``)."""
+    return int(np.prod(features[key].get("shape") or [1]))
+
+
+def spec_key_map(
+    spec: DatasetSpec,
+    info: Mapping | None = None,
+    max_dim: int | None = None,
+    slots: int = NUM_CAMERAS,
+    show: bool = True,
+) -> KeyMap:
+    """The key map of dataset entry ``spec``: its ``cameras`` / ``state_key`` / ``action_key``
+    where bound, detected (``detect_key_map``) otherwise. One-line ``DatasetError`` for a key the
+    dataset lacks (listing its keys), more cameras than ``slots`` (naming them and the binding
+    that picks three) and, with ``max_dim``, a state or action wider than it. ``show``: print the
+    chosen map with its slot roles, once per dataset and process (rank 0)."""
+    info_path = Path(spec.root) / "meta" / "info.json"
+    if info is None:
+        info = LocalDataset(spec.root).info
+    features: dict = info.get("features") or {}
+    binding = spec.binding or f"the entry of dataset {spec.name!r}"
+    bound = {"cameras": spec.cameras is not None, "state": spec.state_key is not None,
+             "action": spec.action_key is not None}  # fmt: skip
+    for field, key in (("state_key", spec.state_key), ("action_key", spec.action_key),
+                       *(("cameras", c) for c in spec.cameras or () if c)):  # fmt: skip
+        if key is not None and key not in features:
+            raise DatasetError(
+                located(
+                    info_path,
+                    f"{field} {key!r} ({binding}) is not a feature "
+                    f"of this dataset; its keys: {', '.join(features)}",
+                )
+            )
+    for key in spec.cameras or ():
+        if key and features[key].get("dtype") not in CAMERA_DTYPES:
+            raise DatasetError(
+                located(
+                    info_path,
+                    f"cameras {key!r} ({binding}) is a "
+                    f"{features[key].get('dtype')} feature, not a camera; "
+                    f"its cameras: {', '.join(_cameras(features)) or 'none'}",
+                )
+            )
+    try:
+        detected = detect_key_map(features, info_path)
+    except DatasetError:
+        detected = None
+    cams = tuple(spec.cameras) if bound["cameras"] else (
+        detected.cameras if detected else tuple(slot_order(_cameras(features))))  # fmt: skip
+    state = spec.state_key or (detected.state if detected else _first(features, STATE_KEYS))
+    action = spec.action_key or (detected.action if detected else _first(features, ACTION_KEYS))
+    if not cams or state is None or action is None:
+        detect_key_map(features, info_path)  # its one-line error names what is missing
+    key_map = KeyMap(cams, state, action)
+    if len(key_map.cameras) > slots:
+        cams = key_map.cameras
+        bases = [c for c in cams if not is_wrist(c)]
+        wrists = [c for c in cams if is_wrist(c)]
+        pick = ([*bases[:1], *wrists[:2]] + [c for c in cams if c not in wrists])[:slots]
+        example = ", ".join(f'"{c}"' for c in pick)
+        raise DatasetError(located(info_path, f"{len(cams)} cameras ({', '.join(cams)}) for the "
+                                   f"model's {slots} slots ({', '.join(SLOT_ROLES[:slots])}); "
+                                   f"pick {slots} with \"cameras\" in {binding}, e.g. "
+                                   f"\"cameras\": [{example}]"))  # fmt: skip
+    if max_dim is not None:
+        for name, key in (("state", key_map.state), ("action", key_map.action)):
+            dim = feature_dims(features, key)
+            if dim > max_dim:
+                raise DatasetError(located(info_path, f"{name} {key!r} has {dim} dims; the model "
+                                           f"takes at most {max_dim} (padded, never cut); bind "
+                                           f"\"{name}_key\" in {binding} to a feature of at "
+                                           f"most {max_dim} dims"))  # fmt: skip
+    if show:
+        show_key_map(spec, key_map, features, bound)
+    return key_map
+
+
+def _first(features: Mapping[str, dict], keys: Sequence[str]) -> str | None:
+    return next((k for k in keys if k in features), None)
+
+
+def _cameras(features: Mapping[str, dict]) -> list[str]:
+    return [k for k, f in features.items() if f.get("dtype") in CAMERA_DTYPES]
+
+
+def describe_key_map(
+    name: str, key_map: KeyMap, features: Mapping[str, dict], bound: Mapping[str, bool]
+) -> str:
+    """One line: the dataset's camera of each slot role, its state and action keys and sizes,
+    each marked bound (from gin) or detected."""
+    how = {k: "bound" if v else "detected" for k, v in bound.items()}
+    slots = ", ".join(f"{role}={cam or '-'}"
+                      for role, cam in zip(SLOT_ROLES, key_map.cameras))  # fmt: skip
+    unused = [c for c in _cameras(features) if c not in key_map.cameras]
+    rest = f"; unused cameras: {', '.join(unused)}" if unused else ""
+    return (
+        f"dataset {name}: cameras {slots} ({how['cameras']}){rest}; state "
+        f"{key_map.state} [{feature_dims(features, key_map.state)}] ({how['state']}); action "
+        f"{key_map.action} [{feature_dims(features, key_map.action)}] ({how['action']})"
+    )
+
+
+def show_key_map(spec: DatasetSpec, key_map: KeyMap, features, bound) -> None:
+    """Log ``describe_key_map`` once per dataset root and map in this process (rank 0)."""
+    seen = (str(spec.root), key_map)
+    if seen in _SHOWN or not logs.is_main():
+        return
+    _SHOWN.add(seen)
+    log.info(describe_key_map(spec.name, key_map, features, bound))
 
 
 class LocalDataset:
@@ -354,7 +478,8 @@ class LocalDataset:
                 located(
                     self._info_path,
                     f"features: camera {key!r} not found; cameras are "
-                    f"{', '.join(self.camera_keys) or 'none'}; fix the key map",
+                    f'{", ".join(self.camera_keys) or "none"}; fix "cameras" in the '
+                    "dataset's gin entry",
                 )
             )
         rows = np.asarray(rows, dtype=np.int64).reshape(-1)
@@ -607,7 +732,7 @@ def _require_columns(path: object, available: Sequence[str], wanted: Sequence[st
             located(
                 path,
                 f"column {missing[0]!r} not found; available columns: {', '.join(available)}; "
-                "fix the column name or key map",
+                "fix the column name or the dataset's gin entry",
             )
         )
 

@@ -111,13 +111,14 @@ class FrameDataset(Dataset):
         self.rows = np.arange(ds.num_frames, dtype=np.int64) if rows is None else np.asarray(rows)
 
     def _check_cameras(self) -> None:
-        missing = [c for c in self.key_map.cameras if c not in self.dataset.camera_keys]
+        missing = [c for c in self.key_map.cameras if c and c not in self.dataset.camera_keys]
         if missing:
             raise DatasetError(
                 located(
                     self.dataset.root / "meta" / "info.json",
                     f"features: camera {missing[0]!r} not in the dataset (cameras: "
-                    f"{', '.join(self.dataset.camera_keys) or 'none'}); fix the key map",
+                    f'{", ".join(self.dataset.camera_keys) or "none"}); fix "cameras" in the '
+                    "dataset's gin entry",
                 )
             )
 
@@ -127,7 +128,7 @@ class FrameDataset(Dataset):
     def __getitems__(self, indices: Sequence[int]) -> dict:
         rows = self.rows[np.asarray(indices, dtype=np.int64)]
         try:
-            images = {cam: self.dataset.frames(cam, rows) for cam in self.key_map.cameras}
+            images = {cam: self.dataset.frames(cam, rows) for cam in self.key_map.cameras if cam}
         except DatasetError as exc:  # one line, also from a DataLoader worker
             raise FrameError(exc.message) from None
         batch = {

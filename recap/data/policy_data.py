@@ -48,7 +48,7 @@ from recap.config_check import bound
 from recap.core import columns as C
 from recap.data.conditioning import dataset_labels, draw_conditional, epoch_seed, quantile_stats
 from recap.data.datasets import MIXING, _virtual_index
-from recap.data.lerobot import KeyMap, LocalDataset, detect_key_map
+from recap.data.lerobot import KeyMap, LocalDataset, spec_key_map
 from recap.data.loader import FrameDataset, pass_through
 from recap.data.specs import DatasetSpec, split_specs
 from recap.errors import DatasetError, RecapError, located
@@ -118,7 +118,7 @@ def training_stats(specs: list[DatasetSpec]) -> dict[str, QuantileStats]:
     sources = []
     for spec in specs:
         dataset = LocalDataset(spec.root)
-        sources.append((dataset, detect_key_map(dataset.features, dataset.root)))
+        sources.append((dataset, spec_key_map(spec, dataset.info)))
     return merged_stats(sources)
 
 
@@ -163,7 +163,7 @@ def resolve_stats(
 def data_dims(specs: list[DatasetSpec]) -> dict[str, int]:
     """``{"state", "action"}`` sizes of the first dataset's features (info.json shapes)."""
     dataset = LocalDataset(specs[0].root)
-    key_map = detect_key_map(dataset.features, dataset.root)
+    key_map = spec_key_map(specs[0], dataset.info)
     shape = {name: dataset.features[key].get("shape", [1])
              for name, key in (("state", key_map.state), ("action", key_map.action))}  # fmt: skip
     return {name: int(np.prod(s)) for name, s in shape.items()}
@@ -264,10 +264,12 @@ class PolicyDataset(Dataset):
         return tuple(str(n) for n in names) if isinstance(names, list | tuple) else ()
 
     def _source(self, spec: DatasetSpec, tag: str, key_map: KeyMap | None, horizon: int):
+        key_map = key_map or spec_key_map(spec, max_dim=self.action_dim)  # gin's, else detected
         frames = FrameDataset(spec.root, key_map=key_map, action_horizon=horizon)
         if len(frames.key_map.cameras) > NUM_CAMERAS:
-            message = f"{len(frames.key_map.cameras)} cameras; the policy has {NUM_CAMERAS} slots"
-            raise DatasetError(located(spec.root, message + ", trim the key map"))
+            message = (f"{len(frames.key_map.cameras)} cameras; the policy has {NUM_CAMERAS} "
+                       "slots; name three with \"cameras\" in the dataset's gin entry")  # fmt: skip
+            raise DatasetError(located(spec.root, message))
         tasks = frames.dataset.task_texts(frames.columns[C.TASK_INDEX])
         ep, fr = frames.columns[C.EPISODE_INDEX], frames.columns[C.FRAME_INDEX]
         if self.conditioning == NONE:
@@ -277,6 +279,8 @@ class PolicyDataset(Dataset):
         return _Source(spec, frames, tasks, labels)
 
     redraws_per_epoch = True  # the training sampler passes use indices (epoch * len + item)
+    # openpi asset name under which ``train`` writes the statistics beside the weights (None: not)
+    export_asset: str | None = None
 
     def conditional_in(self, epoch: int) -> np.ndarray:
         """bool[items]: which items carry the advantage text in ``epoch`` (seeded by
@@ -391,8 +395,9 @@ def policy_data(
     """Gin builder of the policy's train (``split="train"``) or eval data. Both splits use the
     statistics of ``resolve_stats`` (``checkpoint``: the directory ``pi05_policy.checkpoint``
     loads; ``asset_id``: its ``assets/<asset_id>``, any single one when None); the train split
-    prints where they come from and, with ``export_stats`` and ``train.run_dir`` bound, writes
-    them to ``{run_dir}/assets/<asset_id or "recap">/norm_stats.json`` (rank 0).
+    prints where they come from and, with ``export_stats``, names the asset (``export_asset``:
+    ``asset_id or "recap"``) under which ``train`` writes them beside the weights, as openpi's
+    ``assets/<asset>/norm_stats.json``.
     ``action_horizon`` must equal the model's. ``seed`` (label dropout and mixture) defaults to
     ``train.seed``. ``normalization``: the quantile formula (``recap.processing.normalize``);
     None: LeRobot's for statistics read from a LeRobot checkpoint's normalizer file, else
@@ -411,13 +416,10 @@ def policy_data(
                 label_position=label_position, tokenizer_path=tokenizer_path,
                 normalization=normalization)  # fmt: skip
     data = PolicyDataset(specs, advantages_tag, stats=stats, **args)
+    if split == "train" and export_stats:  # ``train`` writes them beside the weights
+        data.export_asset = asset_id or DEFAULT_ASSET_ID
     if split == "train" and logs.is_main():
         log.info(describe_stats(stats, source))
-        run_dir = bound("train.run_dir")
-        if export_stats and run_dir is not None:
-            from recap.data.norm_stats import write_norm_stats
-
-            write_norm_stats(run_dir, asset_id or DEFAULT_ASSET_ID, stats)
     return data
 
 

@@ -14,12 +14,27 @@ Relative roots resolve against ``data_root``. An entry may name a dataset as LeR
 LeRobot's ``LeRobotDataset(repo_id)`` does, to ``$HF_LEROBOT_HOME/{repo_id}`` (default
 ``$HF_HOME/lerobot``, ``~/.cache/huggingface/lerobot``; ``lerobot_home``), and a dataset missing
 there is a one-line error naming the path looked at. Nothing is downloaded.
+
+Keys are detected from ``meta/info.json`` (``recap.data.lerobot.detect_key_map``) unless the entry
+names them: ``cameras`` fills the model's camera slots in order (base, left wrist, right wrist;
+``None`` or ``""`` leaves a slot empty), or a dict by role (``{"base": "cam_high",
+"right_wrist": "cam_right_wrist"}``); ``state_key`` and ``action_key`` name the state and action
+features. For an ALOHA-style dataset with four cameras::
+
+    policy_data.datasets = [
+        {"name": "aloha", "root": "aloha", "type": "sft",
+         "cameras": ["cam_high", "cam_left_wrist", "cam_right_wrist"],
+         "state_key": "observation.state", "action_key": "action"},
+    ]
+
+The chosen map and its slot roles are printed once per dataset (``recap.data.lerobot.
+spec_key_map``).
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from recap.core import columns as C
@@ -39,6 +54,38 @@ class DatasetSpec:
     outcome_column: str | None = None
     correction_column: str | None = None
     repo_id: str | None = None  # the LeRobot name ``root`` was resolved from (``lerobot_home``)
+    cameras: tuple[str, ...] | None = None  # slot order: base, left wrist, right wrist ("" empty)
+    state_key: str | None = None
+    action_key: str | None = None
+    binding: str = field(default="", compare=False)  # where bound: ``value_data.datasets[0]``
+
+
+SLOT_ROLES = ("base", "left_wrist", "right_wrist")  # the models' camera slots, in order
+_NOT_GIN = ("binding",)  # DatasetSpec fields a gin entry cannot set
+
+
+def slot_cameras(value: object, where: str) -> tuple[str, ...]:
+    """A dataset entry's ``cameras`` as one key per slot (``""``: an empty slot): a list in slot
+    order, or a dict from roles (``SLOT_ROLES``) to keys; a one-line error otherwise."""
+    if isinstance(value, dict):
+        unknown = sorted(set(value) - set(SLOT_ROLES))
+        if unknown:
+            raise RecapError(f"{where}: cameras roles {unknown} unknown; the roles are "
+                             f"{list(SLOT_ROLES)}")  # fmt: skip
+        value = [value.get(role) for role in SLOT_ROLES]
+        while value and not value[-1]:
+            value.pop()
+    if isinstance(value, str) or not isinstance(value, list | tuple):
+        raise RecapError(f"{where}: cameras {value!r} is not a list of camera keys in slot order "
+                         f"({', '.join(SLOT_ROLES)}) or a dict by role")  # fmt: skip
+    out = tuple("" if v is None else v for v in value)
+    if not all(isinstance(v, str) for v in out) or not any(out):
+        raise RecapError(f"{where}: cameras {list(value)!r} must name at least one camera key "
+                         "(None or \"\" for an empty slot)")  # fmt: skip
+    named = [v for v in out if v]
+    if len(set(named)) < len(named):
+        raise RecapError(f"{where}: cameras {list(value)!r} names a camera twice")
+    return out
 
 
 def lerobot_home() -> Path:
@@ -72,7 +119,7 @@ def parse_dataset_specs(
     """Validate gin dataset entries into ``DatasetSpec``s (unique names, known keys and types)."""
     if not entries:
         raise RecapError(f"{field}: no datasets listed; bind it to a list of dicts in gin")
-    known = {f.name for f in fields(DatasetSpec)}
+    known = {f.name for f in fields(DatasetSpec)} - set(_NOT_GIN)
     specs: list[DatasetSpec] = []
     for i, entry in enumerate(entries):
         where = f"{field}[{i}]"
@@ -99,7 +146,13 @@ def parse_dataset_specs(
             root = Path(entry["root"])
             if not root.is_absolute() and data_root:
                 root = Path(data_root) / root
-        specs.append(DatasetSpec(**{**entry, "root": root, "type": kind}))
+        for key in ("state_key", "action_key"):
+            if key in entry and entry[key] is not None and not isinstance(entry[key], str):
+                raise RecapError(f"{where}: {key} {entry[key]!r} is not a feature key (a string)")
+        cams = entry.get("cameras")
+        cams = None if cams is None else slot_cameras(cams, where)
+        specs.append(DatasetSpec(**{**entry, "root": root, "type": kind, "cameras": cams,
+                                    "binding": where}))  # fmt: skip
     names = [s.name for s in specs]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:

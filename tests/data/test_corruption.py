@@ -379,7 +379,7 @@ CASES = [
         lambda t: t.drop_columns([C.IS_SUCCESS])), S, "data/chunk-000/file-001.parquet",
      "column 'is_success' not found; available columns: observation.images.image, "
      "observation.images.wrist_image, observation.state, action, done, timestamp, frame_index, "
-     "episode_index, index, task_index; fix the column name or key map"),
+     "episode_index, index, task_index; fix the column name or the dataset's gin entry"),
     ("frame_gap", V30, edit_parquet(DATA30, lambda t: t.filter(pa.array(np.arange(66) != 15))), S,
      DATA30, "frame_index: episode 1 has frame 7 where frame 6 was expected (a gap); frames are "
      "missing, restore them or drop the episode"),

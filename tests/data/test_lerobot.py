@@ -350,7 +350,7 @@ def test_detect_key_map_without_state_names_the_problem():
     assert str(err.value) == (
         "/d/info.json: features: cannot detect camera/state/action keys (need image or video "
         "features, 'observation.state' or 'state', 'action' or 'actions'; found cam, action); "
-        "pass an explicit KeyMap"
+        'name them in the dataset\'s gin entry ("cameras", "state_key", "action_key")'
     )
 
 
@@ -412,7 +412,7 @@ def test_missing_column_lists_what_exists():
     assert message == (
         f"{first}: column 'reward' not found; available columns: state, actions, is_success, "
         "done, timestamp, frame_index, episode_index, index, task_index; "
-        "fix the column name or key map"
+        "fix the column name or the dataset's gin entry"
     )
 
 
@@ -421,7 +421,7 @@ def test_unknown_camera_and_out_of_range_rows():
     info = fixture_path("libero_like_v30_video") / "meta" / "info.json"
     assert error_of(ds.frames, "image", [0]) == (
         f"{info}: features: camera 'image' not found; cameras are observation.images.image, "
-        "observation.images.wrist_image; fix the key map"
+        'observation.images.wrist_image; fix "cameras" in the dataset\'s gin entry'
     )
     message = error_of(ds.frames, "observation.images.image", [3, 66])
     assert message.endswith("/data: row 66 is out of range [0, 66)")

@@ -86,7 +86,8 @@ def test_extra_columns_and_rows():
 
 
 def test_missing_camera_is_a_clear_error():
-    with pytest.raises(DatasetError, match=r"camera 'image' not in the dataset.*fix the key map"):
+    message = r"camera 'image' not in the dataset.*fix \"cameras\" in the dataset's gin entry"
+    with pytest.raises(DatasetError, match=message):
         FrameDataset(fixture_dir("libero_like_v30_images"), key_map=LIBERO_KEYS)
 
 
