@@ -224,6 +224,64 @@ def load_policy(
     return model.eval(), processor
 
 
+VALUE_CONFIG_FILE = "recap_value.json"  # a value run's exact ValueModelConfig (train writes it)
+
+
+def load_value(
+    directory: str | os.PathLike, model_fn=None, *, tokenizer: str | os.PathLike | None = None
+):
+    """``(ValueModel in eval mode on the CPU, ValueProcessor)`` of ``directory``: a recap value
+    run (``model.safetensors`` + ``recap_value.json`` + ``processor.json``), a
+    ``ValueModel.save_pretrained`` directory (``config.json``; RLinf imports), or an older run
+    whose architecture ``model_fn`` builds (its gin file). Without ``processor.json`` the
+    processor is rebuilt once (one log line): the model's image size and bins, antialiased
+    resize, and the return range of an older run's ``return_range.json`` (None otherwise)."""
+    from recap.data.datasets import read_return_range
+    from recap.engine.inference import load_exported
+    from recap.models.value import (
+        CONFIG_FILE,
+        WEIGHTS_FILE,
+        ValueModelConfig,
+        build_value_model,
+        load_value_model,
+    )
+    from recap.processing.value import ValueProcessor, read_value_processor
+
+    path = Path(directory)
+    weights = path / WEIGHTS_FILE if path.is_dir() else path
+    path = weights.parent
+    if not (weights.is_file() and weights.suffix == ".safetensors"):
+        raise RecapError(f"{path}: no value-model weights ({WEIGHTS_FILE}); train the value "
+                         "model (scripts/train.py) and set compute_advantages.model_path to "
+                         "its run directory")  # fmt: skip
+    if (path / CONFIG_FILE).is_file():
+        model = load_value_model(path)
+    else:
+        if (path / VALUE_CONFIG_FILE).is_file():
+            fields = json.loads((path / VALUE_CONFIG_FILE).read_text())
+            model = build_value_model(ValueModelConfig(**fields))
+        elif model_fn is not None:
+            model = model_fn()
+        else:
+            raise RecapError(f"{weights}: exported weights without {VALUE_CONFIG_FILE} or "
+                             f"{CONFIG_FILE}; set compute_advantages.model_fn = @value_model and "
+                             "include the value model's gin file (its architecture)")  # fmt: skip
+        load_exported(model, weights)
+    processor = read_value_processor(path)
+    if processor is None:
+        recorded = read_return_range(path)
+        processor = ValueProcessor(
+            tokenizer=str(tokenizer or ""),
+            return_range=(recorded[0].return_min, recorded[0].return_max) if recorded else None,
+            image_size=int(model.config.vision.get("image_size", 224)),
+        ).for_model(model.config)  # fmt: skip
+        source = f"the range in {recorded[1]}" if recorded else "no return range"
+        log.info(f"{path}: no processor.json; the value model's defaults, {source}")
+    if tokenizer is not None:
+        processor = processor.replace(tokenizer=str(tokenizer))
+    return model.eval(), processor
+
+
 class PolicyAdapter:
     """``policy(batched observations) -> float32[B, action dims]``: a π0.5 policy and its
     processor as the batched policy of the closed loops (``recap.envs.rollout``).
@@ -284,4 +342,4 @@ class ChunkAdapter(PolicyAdapter):
         return self.chunk(obs).astype(np.float32)
 
 
-__all__ = ["GUIDANCE", "ChunkAdapter", "PolicyAdapter", "load_policy"]
+__all__ = ["GUIDANCE", "ChunkAdapter", "PolicyAdapter", "load_policy", "load_value"]

@@ -100,8 +100,8 @@ def rlinf_rehearsal(tmp_path_factory):
     configs = ["--vision-config", str(standins.siglip), "--text-config", str(standins.gemma3)]
     # the range the value model trained with (SFT only): what an RLinf user has as
     # data.return_min / return_max; Step 3 reads the imported values back with it
-    trained = json.loads((run_dir(runs, "value") / "return_range.json").read_text())
-    configs += ["--return-range", str(trained["return_min"]), str(trained["return_max"])]
+    trained = json.loads((run_dir(runs, "value") / "processor.json").read_text())
+    configs += ["--return-range", *(str(v) for v in trained["return_range"])]
     configs += ["--resize", "antialias"]  # recap trained it: its images were antialiased
     assert import_main(["rlinf-value", str(rlinf), "--out", str(imported), *configs]) == 0
     step3 = [f'include "{TINY}"', *(b.removeprefix("all:") for b in standins.bindings()),

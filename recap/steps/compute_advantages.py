@@ -60,12 +60,13 @@ from recap.data.sidecars import (
 )
 from recap.data.specs import DatasetSpec, parse_dataset_specs
 from recap.engine import accelerator, distributed
-from recap.engine.inference import load_exported, predict, shard_positions
+from recap.engine.inference import predict, shard_positions
 from recap.engine.tracking import RUN_FILE, Tracker
 from recap.errors import RecapError
-from recap.models.value import CONFIG_FILE, WEIGHTS_FILE, ValueModel, load_value_model
+from recap.loading import load_value
+from recap.models.value import WEIGHTS_FILE, ValueModel
 from recap.processing.pi05 import PROCESSOR_FILE
-from recap.processing.transforms import RESIZE_ANTIALIAS, load_tokenizer
+from recap.processing.transforms import load_tokenizer
 from recap.processing.value import read_value_processor
 from recap.steps.relabel import frame_columns
 
@@ -101,10 +102,12 @@ def compute_advantages(
 ) -> dict[str, Path]:
     """Step 3: values on every rank, then advantages, labels and pictures from rank 0.
 
-    ``model_path``: a training run directory (``model.safetensors``; the architecture comes from
-    ``model_fn``, i.e. the value model's gin file) or a ``save_pretrained`` directory.
-    ``return_range``: (min, max) of the value model's training returns; default: the range the
-    value run recorded (``return_range.json`` beside its weights), else the listed datasets'.
+    ``model_path``: a value run directory or a ``save_pretrained`` directory, loaded with its
+    processor by ``recap.loading.load_value`` (``model_fn``: the architecture of an older run
+    that recorded none, i.e. the value model's gin file).
+    ``return_range``: (min, max) of the value model's training returns; default: the range its
+    processor recorded (``processor.json``; ``return_range.json`` of older runs), else the
+    listed datasets'.
     ``gamma``: default the Step 1 discount. Returns name -> sidecar (rank 0).
     """
     check_positive_quantile(positive_quantile)  # the cheap checks first
@@ -114,12 +117,11 @@ def compute_advantages(
     corrections = any(s.correction_column or correction_column for s in plan.specs)
     options = LabelOptions(positive_quantile, scope, sft, IS_CORRECTION if corrections else None)
     distributed.init()
-    model = load_model(plan.weights, model_fn, PRECISIONS[precision])
+    model, processor = load_value(plan.weights, model_fn)  # its resize rule (RLinf: none)
+    model = model.to(device=accelerator.device(), dtype=PRECISIONS[precision])
     size = image_size or int(model.config.vision["image_size"])
-    processor = read_value_processor(plan.weights.parent)  # its resize rule (RLinf: no antialias)
-    resize = processor.resize if processor is not None else RESIZE_ANTIALIAS
     data = ValueDataset(plan.specs, returns_tag, plan.range, plan.tokenizer, size, max_length,
-                        resize=resize)  # fmt: skip
+                        resize=processor.resize)  # fmt: skip
     begin = time.perf_counter()
     values = infer_values(model, data, batch_size, num_workers)
     if values is None:  # ranks other than 0 are done
@@ -218,23 +220,6 @@ def weights_file(path: str | os.PathLike) -> Path:
         f"{path}: no value-model weights ({WEIGHTS_FILE}); train the value model "
         "(scripts/train.py) and set compute_advantages.model_path to its run directory"
     )
-
-
-def load_model(weights: Path, model_fn: Callable | None, dtype: torch.dtype) -> ValueModel:
-    """The whole model on this rank's device, in eval mode: ``load_value_model`` for a
-    ``save_pretrained`` directory, else ``model_fn()`` (the training architecture, from gin)
-    with the exported weights."""
-    if (weights.parent / CONFIG_FILE).is_file():
-        model = load_value_model(weights.parent)
-    elif model_fn is None:
-        raise RecapError(
-            f"{weights}: exported weights without {CONFIG_FILE}; set compute_advantages.model_fn "
-            "= @value_model and include the value model's gin file (its architecture)"
-        )
-    else:
-        model = model_fn()
-        load_exported(model, weights)
-    return model.to(device=accelerator.device(), dtype=dtype).eval()
 
 
 def returns_gamma(specs: list[DatasetSpec], stats: list[dict]) -> float:

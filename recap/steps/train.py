@@ -84,20 +84,33 @@ def train(
 def save_processor(train_data, model_config, run_dir: Path) -> None:
     """Write the training data's processor (``Pi05Processor``, ``ValueProcessor``) beside the
     exported weights (rank 0), completed with what only the model knows (sampling steps,
-    vocabulary): ``load_policy`` / ``load_value`` then need the run directory alone."""
+    vocabulary): ``load_policy`` / ``load_value`` then need the run directory alone. A policy's
+    statistics also go to openpi's ``assets/<export_asset>/norm_stats.json`` when the data
+    names an asset (``policy_data.export_stats``)."""
     processor = getattr(train_data, "processor", None)
     if processor is None or not distributed.is_main():
         return
-    processor.for_model(model_config).save(run_dir)
-    from recap.models.pi05 import Pi05Config
+    processor = processor.for_model(model_config)
+    processor.save(run_dir)
+    asset = getattr(train_data, "export_asset", None)
+    if asset is not None:
+        from recap.processing.norm_stats import write_norm_stats
 
-    if isinstance(model_config, Pi05Config):  # the sizes, so the run loads without gin
+        stats = {"state": processor.state_stats, "action": processor.action_stats}
+        write_norm_stats(run_dir, asset, stats)
+    from recap.loading import VALUE_CONFIG_FILE
+    from recap.models.checkpoints import RECAP_CONFIG_FILE
+    from recap.models.pi05 import Pi05Config
+    from recap.models.value import ValueModelConfig
+
+    files = {Pi05Config: RECAP_CONFIG_FILE, ValueModelConfig: VALUE_CONFIG_FILE}
+    name = files.get(type(model_config))
+    if name is not None:  # the sizes, so the run loads without gin
         import dataclasses
         import json
 
         from recap.io import write_atomic
-        from recap.models.checkpoints import RECAP_CONFIG_FILE
 
         text = json.dumps(dataclasses.asdict(model_config), indent=2)
-        write_atomic({run_dir / RECAP_CONFIG_FILE: lambda tmp: tmp.write_text(text)})
+        write_atomic({run_dir / name: lambda tmp: tmp.write_text(text)})
     log.info(f"processor written to {run_dir / 'processor.json'}")

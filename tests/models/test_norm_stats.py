@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-import recap.steps.train  # noqa: F401  (registers train: policy_data reads train.run_dir)
+from recap.steps.train import save_processor  # writes the statistics beside the weights
 from recap.data.conditioning import QuantileStats
 from recap.data.policy_data import policy_data, run_stats
 from recap.errors import RecapError
@@ -99,9 +99,10 @@ def test_read_and_find_openpi_and_lerobot_stats(tmp_path):
 def test_checkpoint_stats_win_over_the_data_and_the_run_exports_them(data, tmp_path, capsys):
     ckpt = tmp_path / "pi05_base"
     openpi_checkpoint(ckpt)
-    gin.bind_parameter("train.run_dir", str(tmp_path / "run"))
     ds = build(data, checkpoint=str(ckpt), asset_id=ASSET)  # norm_stats "auto"
-    line = capsys.readouterr().out.strip()
+    assert ds.export_asset == ASSET and not (tmp_path / "run").exists()  # the builder writes none
+    save_processor(ds, None, tmp_path / "run")  # what ``train`` does after fitting
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("policy_data:")]
     assert line == (
         f"policy_data: normalization statistics from {ckpt / 'assets' / ASSET / 'norm_stats.json'}"
         " (state 8 dims, actions 7 dims)"
@@ -122,19 +123,20 @@ def test_checkpoint_stats_win_over_the_data_and_the_run_exports_them(data, tmp_p
     # the data's own statistics when asked, or when the checkpoint carries none
     data_ds = build(data, checkpoint=str(ckpt), asset_id=ASSET, norm_stats="data",
                     export_stats=False)  # fmt: skip
-    assert capsys.readouterr().out.strip() == (
+    assert [x for x in capsys.readouterr().out.splitlines() if x.startswith("policy_data:")] == [
         "policy_data: normalization statistics from the training data (sft) (state 8 dims, "
         "actions 7 dims)"
-    )
+    ]
     assert data_ds.stats["state"].q01.tolist() != [-3.0] * 8
+    assert data_ds.export_asset is None
     auto = build(data, checkpoint=str(tmp_path / "empty"), export_stats=False)
     assert auto.stats["state"].q01.tolist() == data_ds.stats["state"].q01.tolist()
     assert json.loads(exported.read_text())["norm_stats"]["state"] == CKPT_STATE  # not rewritten
 
 
 def test_data_stats_export_in_openpi_layout_and_errors_are_one_line(data, tmp_path):
-    gin.bind_parameter("train.run_dir", str(tmp_path / "run"))
     ds = build(data)
+    save_processor(ds, None, tmp_path / "run")
     written = json.loads((tmp_path / "run/assets/recap/norm_stats.json").read_text())
     assert sorted(written["norm_stats"]) == ["actions", "state"]
     assert sorted(written["norm_stats"]["state"]) == ["mean", "q01", "q99", "std"]

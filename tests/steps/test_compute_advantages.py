@@ -270,13 +270,17 @@ def test_gin_files_parse(name):
 
 
 def test_step3_reads_values_back_with_the_range_the_value_run_recorded(demo, tmp_path):
-    """A value run records its training return range (value_data, train split); Step 3 uses it
-    by default, not the listed datasets' range (they differ when the value model trained on
-    other data, e.g. RLinf's experiment: SFT only)."""
+    """A value run records its training return range (the train split's processor, written by
+    ``train`` beside the weights); Step 3 uses it by default, not the listed datasets' range
+    (they differ when the value model trained on other data, e.g. RLinf's experiment: SFT
+    only). Nothing is written through gin's ``train.run_dir`` by the data builder."""
     import shutil
 
     from recap.core.normalize import ReturnRange
-    from recap.data.datasets import RANGE_FILE, read_return_range, value_data
+    from recap.data.datasets import value_data
+    from recap.processing.pi05 import PROCESSOR_FILE
+    from recap.processing.value import read_value_processor
+    from recap.steps.train import save_processor
 
     def range_of(name: str) -> ReturnRange:
         stats = read_returns(root / name, "")[1]
@@ -287,20 +291,21 @@ def test_step3_reads_values_back_with_the_range_the_value_run_recorded(demo, tmp
     parse_gin(["demo/value.gin"], [f'train.run_dir = "{tmp_path / "value_run"}"'])
     try:
         tokenizer = str(root / "tokenizer")
-        value_data(datasets=ENTRIES[:1], data_root=str(root), tokenizer_path=tokenizer)
+        data = value_data(datasets=ENTRIES[:1], data_root=str(root), tokenizer_path=tokenizer)
     finally:
         gin.clear_config()
-    sft, path = read_return_range(tmp_path / "value_run")
-    assert path.name == RANGE_FILE and sft == range_of("sft")
-    union = ReturnRange.union([range_of("sft"), range_of("rollout")])
-    assert sft != union
+    assert not (tmp_path / "value_run").exists()  # the builder writes nothing
     ranged = root / "run_ranged"
     shutil.copytree(root / "pretrained", ranged)
-    shutil.copy(path, ranged / RANGE_FILE)
+    save_processor(data, None, ranged)  # what ``train`` does after fitting
+    sft = ReturnRange(*read_value_processor(ranged).return_range)
+    assert sft == range_of("sft")
+    union = ReturnRange.union([range_of("sft"), range_of("rollout")])
+    assert sft != union
     stdout = run_here(root, tag="ranged", model_path=str(ranged), scope="per_dataset",
                       force_sft_positive=False, output_dir=str(root / "pics2"))  # fmt: skip
     low, high = sft.return_min, sft.return_max
-    assert f"return range [{low:g}, {high:g}] from {ranged / RANGE_FILE}" in stdout
+    assert f"return range [{low:g}, {high:g}] from {ranged / PROCESSOR_FILE}" in stdout
     assert "the value model recorded no training range" in demo["stdout"]
     specs, tables = parse_dataset_specs(ENTRIES, root), []
     for spec in specs:  # the same model outputs; the advantages recomputed with the SFT range
