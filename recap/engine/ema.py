@@ -9,6 +9,10 @@ optimizer's float32 master slice (``safe_get_local_fp32_param``): no gather duri
 ``full_state`` gathers the partitions once, at export. Without ZeRO-3 (stages 0-2) every rank
 holds the parameters whole and averages them (under bf16 that is the bf16 copy, not the master).
 
+Evaluation during training reads the averages (``applied``): each rank copies its averages into
+the weights the forward reads (under ZeRO-3 its partition ``ds_tensor``, then the parameters
+ZeRO-3 keeps gathered are gathered again) and puts the trained weights back, bit for bit, after.
+
 Checkpoints: each rank writes ``step_N/ema/rank_{r}.pt`` (its partitions, float32, by parameter
 name), so a resumed run continues the same averages bit for bit. The files are tied to the world
 size like the ZeRO files.
@@ -16,8 +20,10 @@ size like the ZeRO files.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -69,6 +75,45 @@ class WeightEMA:
         for name, param in self.params:
             self.shadow[name].lerp_(self._local(param).float(), weight)
         self.updates += 1
+
+    @staticmethod
+    def _weights(param: torch.nn.Parameter) -> torch.Tensor:
+        """The tensor the forward reads ``param``'s values from (ZeRO-3: this rank's partition,
+        flat, the same length as its average)."""
+        return param.ds_tensor.view(-1) if hasattr(param, "ds_id") else param.data
+
+    def _regather(self) -> None:
+        """ZeRO-3: gather again the parameters kept whole between steps (persistent ones), as
+        DeepSpeed does after its optimizer step; the others are gathered at their next use.
+        All ranks call it together."""
+        if not self.zero3:
+            return
+        from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+
+        whole = [p for _, p in self.params if p.ds_status == ZeroParamStatus.AVAILABLE]
+        if whole:  # release the stale whole copies (the partitions hold the values), then gather
+            whole[0].partition(param_list=whole, has_been_updated=False)
+            whole[0].all_gather(whole)
+
+    @contextlib.contextmanager
+    def applied(self) -> Iterator[None]:
+        """Within the block the model computes with the averages (cast to the weights' dtype);
+        after it, with the trained weights again, exactly. Under ZeRO-3 all ranks enter it
+        together (the persistent parameters are gathered on entry and exit)."""
+        saved = []
+        with torch.no_grad():
+            for name, param in self.params:
+                weights = self._weights(param)
+                saved.append(weights.clone())
+                weights.copy_(self.shadow[name].view_as(weights))
+            self._regather()
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for (_, param), weights in zip(self.params, saved, strict=True):
+                    self._weights(param).copy_(weights)
+                self._regather()
 
     # ---- checkpoints ---------------------------------------------------------------------
 

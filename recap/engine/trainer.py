@@ -5,13 +5,15 @@ quick one-line error), start the ranks, build the model (partitioned at construc
 ZeRO-3), restore the latest checkpoint of the run directory, then ``train_step`` / ``maybe_log`` /
 ``maybe_evaluate`` / ``maybe_save`` until ``max_steps``, and finally export the consolidated
 weights to ``run_dir/model.safetensors`` (with ``deepspeed_config.ema_decay``: their moving
-average, ``recap.engine.ema``, updated after every optimizer step). Restarting the same command
+average, ``recap.engine.ema``, updated after every optimizer step; evaluation then measures the
+average too). Restarting the same command
 resumes. Data order and per-step seeds depend only on (seed, step), so a resumed run reproduces
 the uninterrupted one. What the loop needs of a model is ``recap.engine.protocol``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import warnings
@@ -223,7 +225,10 @@ class Trainer:
         if self.eval_data is None or not self._due(step, self.opts.eval_every):
             return
         batch_size = self.opts.eval_batch_size or self.config["train_micro_batch_size_per_gpu"]
-        outputs = predict(self.engine, self.eval_data, batch_size)
+        # with an EMA the run exports the averages, so they are what evaluation measures
+        weights = contextlib.nullcontext() if self.ema is None else self.ema.applied()
+        with weights:
+            outputs = predict(self.engine, self.eval_data, batch_size)
         if outputs is None:
             return
         metrics = {f"eval/{k}": float(v.float().mean()) for k, v in outputs.items()}
