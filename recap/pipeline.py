@@ -584,7 +584,10 @@ def plan(config: PipelineConfig, scoped: dict[str, list[str]]) -> dict[str, Plan
 
 
 def _plan(config: PipelineConfig, scoped: dict[str, list[str]]) -> dict[str, Planned]:
+    from recap.data.plan_checks import PlanChecks  # every dataset's info.json vs each step
+
     planned: dict[str, Planned] = {}
+    checks = PlanChecks()
     for name in config.stages:
         stage = BY_NAME[name]
         files = config.steps[stage.step]
@@ -605,7 +608,9 @@ def _plan(config: PipelineConfig, scoped: dict[str, list[str]]) -> dict[str, Pla
         _parse_step(files, params, name)  # the final bindings parse too; queries below use them
         check_required(stage.entry, f"pipeline step {name}: ", f"{stage.step}:")
         stage.check()
+        checks.step(name)
         planned[name] = Planned(stage, fingerprint, files, params, run_dir, stage.outputs(run_dir))
+    checks.finish()
     return planned
 
 
@@ -858,6 +863,13 @@ def track(config: PipelineConfig, scoped: dict[str, list[str]], report: dict[str
     return tracker.uri
 
 
+def _ui_address(uri: str, experiment: str) -> str:
+    """The MLflow UI page of the experiment's runs (model training view)."""
+    from recap.engine.tracking import ui_address
+
+    return ui_address(uri, experiment)
+
+
 # ---- command line -------------------------------------------------------------------------------
 
 SWEEP_KEYS = {"name", "gin_files", "gin_params", "grid"}
@@ -931,6 +943,7 @@ def run_sweep(path: str, extra: Sequence[str], force: Sequence[str], dry: bool) 
             f"compare: mlflow ui --backend-store-uri {uri}  (experiment {experiment!r}, "
             f"filter tags.recap.sweep = '{spec['name']}')"
         )
+        log.info(f"then open: {_ui_address(uri, experiment)}")
     return 0
 
 
@@ -956,6 +969,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         report = run_pipeline(config, scoped, args.force)
         uri = track(config, scoped, report)
         log.info(summary_table(config, report, uri))
+        log.info(f"then open: {_ui_address(uri, config.experiment)}")
         return 0
 
     return exit_code(body)
