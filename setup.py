@@ -28,6 +28,7 @@ setup(
             "recap-serve = recap.commands.serve:main",
             "recap-collect = recap.commands.collect:main",
             "recap-iterate = recap.commands.iterate:main",
+            "recap-init = recap.commands.init:main",
         ]
     },
     python_requires=">=3.10",
