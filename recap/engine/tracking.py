@@ -6,6 +6,10 @@ gin bindings (flattened, ``scope/name.param``), tags = pipeline step, git commit
 metrics every log interval, and artifacts: ``config/config.gin`` (``gin.config_str()``) at start,
 ``config/operative_config.gin`` after the first step, ``config/deepspeed_config.json``, and plots.
 Restarting the same run directory continues the same MLflow run (``mlflow_run.json``).
+
+Experiments are tagged ``mlflow.experimentKind = custom_model_development``, so MLflow 3's UI
+opens them on their runs (model training), not on its GenAI overview; ``ui_address`` is the
+address of an experiment's runs page with ``?workflowType=machine_learning``.
 """
 
 from __future__ import annotations
@@ -26,6 +30,30 @@ from recap.engine import distributed
 DEFAULT_URI = "sqlite:///mlflow.db"
 RUN_FILE = "mlflow_run.json"
 MAX_PARAM_CHARS = 6000
+# MLflow 3's UI opens an experiment by this tag: GenAI (traces) unless it says model development.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+UI_HOST, UI_PORT = "127.0.0.1", 5000  # `mlflow ui`'s defaults
+
+
+def ui_command(tracking_uri: str) -> str:
+    """The command that serves the UI on ``tracking_uri``."""
+    return f"mlflow ui --backend-store-uri {tracking_uri}"
+
+
+def ui_address(tracking_uri: str, experiment: str, host: str = UI_HOST, port: int = UI_PORT) -> str:
+    """The UI page of ``experiment``'s runs, as model training (``workflowType``); the
+    experiments list when the store cannot be read or has no such experiment."""
+    base = f"http://{host}:{port}/#/experiments"
+    try:
+        from mlflow import MlflowClient
+
+        found = MlflowClient(tracking_uri=tracking_uri).get_experiment_by_name(experiment)
+    except Exception:
+        found = None
+    if found is None:
+        return f"{base}?workflowType=machine_learning"
+    return f"{base}/{found.experiment_id}/runs?workflowType=machine_learning"
 
 
 def gin_bindings() -> dict[str, str]:
@@ -107,14 +135,24 @@ class Tracker:
         return self.enabled and distributed.is_main()
 
     def _experiment_id(self) -> str:
+        """The experiment's id, created (or, made by an older recap, tagged) as a model
+        development experiment."""
         found = self.client.get_experiment_by_name(self.experiment)
         if found is not None:
+            if found.tags.get(EXPERIMENT_KIND_TAG) is None:
+                self.client.set_experiment_tag(
+                    found.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND
+                )
             return found.experiment_id
         location = None
         if self.uri.startswith("sqlite:///"):
             db = Path(self.uri[len("sqlite:///") :]).resolve()
             location = (db.parent / "mlruns").as_uri()
-        return self.client.create_experiment(self.experiment, artifact_location=location)
+        return self.client.create_experiment(
+            self.experiment,
+            artifact_location=location,
+            tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND},
+        )
 
     def _resumable_run(self, run_file: Path) -> str | None:
         if not run_file.is_file():
