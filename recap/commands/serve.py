@@ -54,7 +54,24 @@ def build_parser() -> argparse.ArgumentParser:
     add("--state-key", default="observation/state")
     add("--prompt-key", default="prompt")
     add("--max-frame-mib", type=float, default=32.0, help="largest request frame (MiB)")
-    add("--max-connections", type=int, default=16)
+    add("--max-connections", type=int, default=16, help="open connections in all (default 16)")
+    add("--max-connections-per-address", type=int, default=8,
+        help="open connections from one client address (default 8)")  # fmt: skip
+    add(
+        "--idle-timeout",
+        type=float,
+        default=300.0,
+        help="seconds without a request before a connection is closed (default 300; 0: never)",
+    )
+    add("--ping-interval", type=float, default=20.0,
+        help="keep-alive ping every N seconds (default 20; 0: no pings)")  # fmt: skip
+    add("--ping-timeout", type=float, default=20.0,
+        help="close a connection whose pong is N seconds late (default 20)")  # fmt: skip
+    add(
+        "--strict-shapes",
+        action="store_true",
+        help="refuse images that are not image_size x image_size (default: resized with padding)",
+    )
     add("--max-prompt-chars", type=int, default=512)
     add("--max-tokens", type=int, default=200, help="longest built prompt in tokens")
     add("--max-batch", type=int, default=8, help="requests per forward (1: no batching)")
@@ -85,13 +102,17 @@ def check_args(args: argparse.Namespace) -> str | None:
     limits = {
         "--port": (args.port, 0),
         "--max-connections": (args.max_connections, 1),
+        "--max-connections-per-address": (args.max_connections_per_address, 1),
+        "--idle-timeout": (args.idle_timeout, 0),
+        "--ping-interval": (args.ping_interval, 0),
+        "--ping-timeout": (args.ping_timeout, 0),
         "--max-prompt-chars": (args.max_prompt_chars, 1),
         "--max-tokens": (args.max_tokens, 2),
         "--max-batch": (args.max_batch, 1),
     }
     for flag, (value, low) in limits.items():
         if value < low:
-            raise RecapError(f"{flag}: {value} must be >= {low}")
+            raise RecapError(f"{flag}: {value:g} must be >= {low}")
     if not 0 < args.max_frame_mib <= 1024:
         raise RecapError(f"--max-frame-mib: {args.max_frame_mib:g} must be in (0, 1024]")
     if args.batch_wait_ms < 0:
@@ -114,7 +135,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("websockets").setLevel(logging.WARNING)
     try:
         key = check_args(args)
-        from recap.serve.load import describe, load_served
+        from recap.serve.load import describe, load_served, preflight
+
+        # the directory, processor, statistics and tokenizer paths before torch is imported
+        preflight(args.policy, tokenizer=args.tokenizer, dtype=args.dtype, asset_id=args.asset_id,
+                  gin=bool(args.gin_file or args.gin_param))  # fmt: skip
         from recap.serve.policy import ServeSpec
         from recap.serve.server import MIB, PolicyServer, ServerConfig
 
@@ -124,6 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             prompt_key=args.prompt_key,
             max_prompt_chars=args.max_prompt_chars,
             max_tokens=args.max_tokens,
+            strict_shapes=args.strict_shapes,
         )
         policy = load_served(
             args.policy, tokenizer=args.tokenizer, gin_files=tuple(args.gin_file),
@@ -136,7 +162,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = ServerConfig(
             host=args.host, port=args.port, api_key=key,
             max_frame_bytes=int(args.max_frame_mib * MIB), max_connections=args.max_connections,
-            max_batch=args.max_batch, batch_wait_ms=args.batch_wait_ms,
+            max_connections_per_address=args.max_connections_per_address,
+            idle_timeout_s=args.idle_timeout, ping_interval_s=args.ping_interval,
+            ping_timeout_s=args.ping_timeout, max_batch=args.max_batch,
+            batch_wait_ms=args.batch_wait_ms,
         )  # fmt: skip
         logging.getLogger("recap.serve").info("%s", describe(policy))
         if key is None and not is_loopback(args.host):

@@ -8,16 +8,152 @@ gin files it was trained with, ``--gin_file``, once). A policy without normaliza
 refused, since unnormalized actions would move the robot by the wrong amounts. Tokenizer:
 ``--tokenizer``, else the processor's, else one inside the directory
 (``paligemma_tokenizer.model``, ``tokenizer.model`` or Hugging Face tokenizer files).
+
+Order: ``preflight`` checks the directory, the weights file, the processor file, the statistics
+and the tokenizer's path with the standard library only (no torch import: a wrong path is
+reported at once); ``load_served`` then validates the processor and loads the tokenizer, and
+only then reads the weights. An openpi or LeRobot checkpoint whose ``config.json`` names the
+real variants but whose weights are smaller (``python -m recap.standins``' ``pi05_base``) is
+served with the sizes its gin file binds (``--gin_file rehearsal/tiny.gin``: ``pi05_policy.*``,
+as training reads it); without them, the mismatch is one line before any weight is read.
 """
 
 from __future__ import annotations
 
+import json
+import struct
 from pathlib import Path
 
-import torch
-
 from recap.errors import RecapError
-from recap.loading import DTYPES, HF_TOKENIZER_FILES, TOKENIZER_FILES  # noqa: F401
+
+WEIGHTS = "model.safetensors"
+PROCESSOR = "processor.json"
+RECAP_CONFIG = "recap_pi05.json"
+TIED_KEY = "recap_tied"  # recap.engine.inference.TIED_KEY: the trainer's exports carry it
+TOKENIZER_NAMES = ("paligemma_tokenizer.model", "tokenizer.model")
+HF_TOKENIZER_NAMES = ("tokenizer.json", "tokenizer_config.json")
+LEROBOT_NORMALIZER = "policy_preprocessor_step_*_normalizer_processor.safetensors"
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
+SIZE_FIELDS = ("vision", "text", "expert", "action_horizon", "action_dim")
+MAX_HEADER = 100 * 2**20
+
+
+def _header(weights: Path) -> dict:
+    """The JSON header of a safetensors file (names, shapes, metadata), read without torch."""
+    try:
+        with open(weights, "rb") as handle:
+            (size,) = struct.unpack("<Q", handle.read(8))
+            if size > MAX_HEADER:
+                raise ValueError(f"header of {size} bytes")
+            return json.loads(handle.read(size))
+    except (OSError, ValueError, struct.error) as exc:
+        raise RecapError(f"--policy: {weights} is not a safetensors file ({exc}); re-export "
+                         "the policy") from None  # fmt: skip
+
+
+def _own_tokenizer(directory: Path) -> Path | None:
+    for name in TOKENIZER_NAMES:
+        if (directory / name).is_file():
+            return directory / name
+    if any((directory / name).is_file() for name in HF_TOKENIZER_NAMES):
+        return directory
+    return None
+
+
+def preflight(
+    policy_dir: str | Path, *, tokenizer: str | None = None, dtype: str = "float32",
+    asset_id: str | None = None, gin: bool = False,
+) -> Path | None:  # fmt: skip
+    """The checks that need no torch, one line each (``RecapError``): the weights file, the
+    dtype, the processor file and its tokenizer, else (openpi / LeRobot) the statistics and a
+    tokenizer. Returns the tokenizer path it found (None: an older recap run, whose tokenizer
+    comes from its gin files, ``gin``)."""
+    path = Path(policy_dir)
+    weights = path / WEIGHTS
+    if not weights.is_file():
+        raise RecapError(f"--policy: {weights} not found; point it at an exported policy "
+                         "directory (recap run, openpi or LeRobot layout)")  # fmt: skip
+    if dtype not in DTYPE_NAMES:
+        raise RecapError(f"--dtype: {dtype!r} is not one of {list(DTYPE_NAMES)}")
+    if tokenizer is not None and not Path(tokenizer).exists():
+        raise RecapError(f"--tokenizer: {tokenizer} not found; pass PaliGemma's "
+                         "paligemma_tokenizer.model or a directory of tokenizer files")  # fmt: skip
+    header = _header(weights)
+    processor = path / PROCESSOR
+    if processor.is_file():
+        try:
+            raw = json.loads(processor.read_text())
+        except ValueError as exc:
+            raise RecapError(f"{processor}: not valid JSON ({exc}); re-export the model") from None
+        if tokenizer is not None:
+            return Path(tokenizer)
+        named = raw.get("tokenizer") if isinstance(raw, dict) else None
+        if not isinstance(named, str) or not named:
+            raise RecapError(f"{processor}: field 'tokenizer' missing; re-export the model or "
+                             "pass --tokenizer PATH")  # fmt: skip
+        found = Path(named) if Path(named).is_absolute() else path / named
+        if not found.exists():
+            raise RecapError(f"{processor}: tokenizer {found} not found; pass --tokenizer PATH "
+                             "(the policy's own tokenizer)")  # fmt: skip
+        return found
+    if TIED_KEY in (header.get("__metadata__") or {}):  # an older recap run: its gin says it
+        if tokenizer is None and not gin:
+            raise RecapError(f"--policy: {path} is a recap training run without processor.json; "
+                             "pass its gin files (--gin_file, the ones it was trained with) so "
+                             "the model's sizes and inputs are known")  # fmt: skip
+        return Path(tokenizer) if tokenizer is not None else None
+    if asset_id is not None:
+        stats = [path / "assets" / asset_id / "norm_stats.json"]
+        stats = [s for s in stats if s.is_file()]
+    else:
+        stats = sorted((path / "assets").glob("**/norm_stats.json"))
+    if not stats and not sorted(path.glob(LEROBOT_NORMALIZER)):
+        raise RecapError(f"--policy: {path} has no assets/<asset_id>/norm_stats.json or LeRobot "
+                         "normalizer file; a policy runs with the statistics it was trained "
+                         "with")  # fmt: skip
+    found = Path(tokenizer) if tokenizer is not None else _own_tokenizer(path)
+    if found is None:
+        raise RecapError(f"--tokenizer: {path} carries no tokenizer; pass --tokenizer PATH "
+                         "(PaliGemma's paligemma_tokenizer.model for π0.5)")  # fmt: skip
+    return found
+
+
+def _shape(header: dict, suffix: str) -> list[int] | None:
+    for name, entry in header.items():
+        if name.endswith(suffix) and isinstance(entry, dict):
+            return list(entry.get("shape", []))
+    return None
+
+
+def check_sizes(path: Path, config, sizes_bound: bool) -> None:
+    """One line when the weights' widths are not ``config``'s (read from the header only)."""
+    header = _header(path / WEIGHTS)
+    found = {
+        "vision hidden_size": (_shape(header, "embeddings.patch_embedding.weight") or [None])[0],
+        "text hidden_size": (_shape(header, "paligemma.lm_head.weight") or [None, None])[1],
+        "expert hidden_size": (_shape(header, "action_in_proj.weight") or [None])[0],
+    }
+    expected = {"vision hidden_size": config.vision.get("hidden_size"),
+                "text hidden_size": config.text.get("hidden_size"),
+                "expert hidden_size": config.expert.get("hidden_size")}  # fmt: skip
+    for name, value in found.items():
+        if value is not None and expected[name] is not None and value != expected[name]:
+            fix = (
+                "the pi05_policy.* sizes bound by --gin_file do not match them"
+                if sizes_bound
+                else "pass the gin file that binds its sizes (pi05_policy.vision / text / "
+                "expert; e.g. --gin_file rehearsal/tiny.gin for recap.standins)"
+            )
+            raise RecapError(f"--policy: {path / WEIGHTS} has {name} {value} but its config "
+                             f"says {expected[name]}; {fix}")  # fmt: skip
+
+
+def _bound_sizes() -> dict:
+    """The ``pi05_policy`` size fields the parsed gin files bind (empty when none)."""
+    from recap.config_check import bound
+
+    fields = {name: bound(f"pi05_policy.{name}") for name in SIZE_FIELDS}
+    return {k: (dict(v) if isinstance(v, dict) else v) for k, v in fields.items() if v is not None}
 
 
 def load_served(
@@ -32,34 +168,60 @@ def load_served(
     label_position: str | None = None,
     conditioning: str | None = None,
     dtype: str = "float32",
-    device: torch.device | str | None = None,
+    device=None,
     **settings,
 ):
     """A ``ServedPolicy`` of ``policy_dir``; ``settings`` go to ``ServedPolicy`` (beta,
     guidance, num_steps, spec, seed). The prompt settings given here replace the processor's
     (for a checkpoint whose files do not say them)."""
-    from recap.loading import load_policy
+    path = Path(policy_dir)
+    gin = bool(gin_files or gin_params)
+    found_tokenizer = preflight(path, tokenizer=tokenizer, dtype=dtype, asset_id=asset_id, gin=gin)
+    from recap import loading
+    from recap.processing.pi05 import read_policy_processor
     from recap.serve.policy import ServedPolicy, ServeSpec
 
-    path = Path(policy_dir)
-    if not (path / "model.safetensors").is_file():
-        raise RecapError(
-            f"--policy: {path / 'model.safetensors'} not found; point it at an exported policy "
-            "directory (recap run, openpi or LeRobot layout)"
-        )
-    if dtype not in DTYPES:
-        raise RecapError(f"--dtype: {dtype!r} is not one of {list(DTYPES)}")
-    if gin_files or gin_params:  # an older recap run: its processor rebuilt from its bindings
+    sizes = {}
+    if gin:  # an older recap run (its processor rebuilt from its bindings), or stand-in sizes
         import recap.data.policy_data  # noqa: F401  (registers policy_data with gin)
         import recap.models.pi05  # noqa: F401  (registers pi05_policy with gin)
         from recap.cli import parse_gin
 
         parse_gin(list(gin_files), list(gin_params))
-    model, processor = load_policy(
-        path, tokenizer=tokenizer, asset_id=asset_id, dtype=dtype, prompt_style=prompt_style,
-        state_in_prompt=state_in_prompt, label_position=label_position,
-        conditioning=conditioning,
-    )  # fmt: skip
+        sizes = _bound_sizes()
+    overrides = {"prompt_style": prompt_style, "state_in_prompt": state_in_prompt,
+                 "label_position": label_position, "conditioning": conditioning}  # fmt: skip
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    # the processor and the tokenizer before any weight is read
+    saved = read_policy_processor(path)
+    if saved is not None and tokenizer is not None:
+        saved = saved.replace(tokenizer=str(tokenizer))
+    if saved is not None:
+        saved.load_tokenizer()  # vocabulary and BOS checked against the processor
+    elif found_tokenizer is not None:
+        from recap.processing.transforms import load_tokenizer
+
+        load_tokenizer(found_tokenizer)  # readable; checked against the model's vocabulary below
+    foreign = saved is None and TIED_KEY not in (
+        _header(path / WEIGHTS).get("__metadata__") or {})  # fmt: skip
+    if foreign and not (path / RECAP_CONFIG).is_file():
+        from recap.models.checkpoints import read_config
+
+        check_sizes(path, read_config(path, **sizes), bool(sizes))
+    if foreign and sizes and not (path / RECAP_CONFIG).is_file():
+        # load_policy's openpi / LeRobot branch with the gin-bound sizes (stand-in checkpoints)
+        from recap.models.checkpoints import load_pi05
+
+        model = load_pi05(path, dtype=loading.DTYPES[dtype], **sizes).eval()
+        processor = loading.foreign_processor(path, model.config, found_tokenizer, asset_id,
+                                              overrides)  # fmt: skip
+        processor.check_model(model.config)
+    else:
+        model, processor = loading.load_policy(
+            path, tokenizer=tokenizer, asset_id=asset_id, dtype=dtype, **overrides
+        )
+    if saved is not None and str(processor.tokenizer) == str(saved.tokenizer):
+        processor.use_tokenizer(saved.load_tokenizer())  # loaded once, above
     if device is None:
         from recap.engine import accelerator
 

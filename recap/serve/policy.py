@@ -8,7 +8,8 @@ both for one observation (what the server computes for that request, called in-p
 
 Observation (openpi's keys; ``ServeSpec`` names them): each camera key (default
 ``observation/image`` base, ``observation/wrist_image`` wrist) uint8 [H, W, 3] (or [3, H, W]),
-resized with padding to the model's size; ``observation/state`` float[D] with D the state
+resized with padding to the model's size (``ServeSpec.strict_shapes``: any other size than the
+model's ``image_size`` square is refused instead); ``observation/state`` float[D] with D the state
 statistics' size, finite (required when the policy puts the state into its prompt, else checked
 when present); ``prompt`` a string of at most ``max_prompt_chars`` characters and
 ``max_tokens`` tokens once the prompt is built. Optional per request: ``beta`` (a finite number
@@ -72,6 +73,7 @@ class ServeSpec:
     seed_key: str = "noise_seed"
     max_prompt_chars: int = 512
     max_tokens: int = 200
+    strict_shapes: bool = False  # refuse images that are not image_size x image_size
 
 
 @dataclass
@@ -196,6 +198,12 @@ class ServedPolicy:
                 f"expected uint8 [H, W, 3] with 1 <= H, W <= "
                 f"{MAX_IMAGE_SIDE}, got {_describe(value)}",
             )
+        size = self.processor.image_size
+        if self.spec.strict_shapes and (h, w) != (size, size):
+            raise RequestError(
+                key, f"{h}x{w} image refused (--strict-shapes): send {size}x{size}, the model's "
+                "image_size",
+            )  # fmt: skip
         return torch.from_numpy(np.ascontiguousarray(value)[None].copy())
 
     def _state(self, obs: dict) -> np.ndarray | None:
@@ -340,7 +348,12 @@ class ServedPolicy:
             "normalization": self.processor.normalization,
             "num_steps": self.num_steps,
             "image_size": self.image_size,
-            "images": "resized with padding to image_size (aspect ratio kept)",
+            "images": (
+                "must be image_size x image_size (--strict-shapes)"
+                if self.spec.strict_shapes
+                else "resized with padding to image_size (aspect ratio kept)"
+            ),
+            "strict_shapes": self.spec.strict_shapes,
             "device": str(self.device),
             "action_horizon": self.horizon,
             "action_dim": self.action_dim,

@@ -20,8 +20,19 @@ Security: an API key, when set, is required at the handshake (``Authorization: A
 what openpi-client sends with ``api_key=KEY``), compared in constant time; a refusal is logged
 with the peer address and never the key. ``max_frame_bytes`` bounds a frame before it is read
 (a larger one closes that connection with code 1009, "message too big", whose reason names the
-limit; the server keeps serving); ``max_connections`` bounds open connections (HTTP 503 at the
-handshake beyond it). ``GET /healthz`` answers the metadata as JSON (with the key when one is
+limit; the server keeps serving); ``max_connections`` bounds open connections and
+``max_connections_per_address`` those of one client address (HTTP 503 at the handshake beyond
+either, the body naming the limit), so one host cannot take every slot.
+
+Idle clients: the server pings every connection every ``ping_interval_s`` and closes one whose
+pong does not come within ``ping_timeout_s`` (a vanished peer, code 1011); a connection that
+sends no request for ``idle_timeout_s`` is closed with code 1000 and the reason
+``idle for N s with no request (--idle-timeout)`` (openpi-client raises ``ConnectionClosed`` on
+its next ``infer``: reconnect). The time a request spends in the model does not count as idle;
+an idle connection's slot is free as soon as it is closed, and a peer that does not answer the
+close is dropped after ``close_timeout_s``.
+
+``GET /healthz`` answers the metadata as JSON (with the key when one is
 set). ``shutdown()`` (SIGTERM / SIGINT under ``recap-serve``) stops accepting, lets requests in
 flight finish and be answered, then closes every connection with 1001 (going away).
 """
@@ -58,6 +69,11 @@ class ServerConfig:
     api_key: str | None = None
     max_frame_bytes: int = 32 * MIB
     max_connections: int = 16
+    max_connections_per_address: int = 8
+    idle_timeout_s: float = 300.0
+    ping_interval_s: float = 20.0
+    ping_timeout_s: float = 20.0
+    close_timeout_s: float = 5.0
     max_batch: int = 8
     batch_wait_ms: float = 5.0
     shutdown_timeout_s: float = 60.0
@@ -79,6 +95,8 @@ class PolicyServer:
         self.metadata = policy.metadata() | {
             "max_frame_bytes": self.config.max_frame_bytes,
             "max_connections": self.config.max_connections,
+            "max_connections_per_address": self.config.max_connections_per_address,
+            "idle_timeout_s": self.config.idle_timeout_s,
             "max_batch": self.config.max_batch,
             "batch_wait_ms": self.config.batch_wait_ms,
             "api_key_required": self.config.api_key is not None,
@@ -88,6 +106,7 @@ class PolicyServer:
         )
         self._model_thread = ThreadPoolExecutor(1, thread_name_prefix="recap-serve-model")
         self._connections: set[ServerConnection] = set()
+        self._per_address: collections.Counter[str] = collections.Counter()
         self._in_flight = 0
         self._stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -120,19 +139,42 @@ class PolicyServer:
                 HTTPStatus.SERVICE_UNAVAILABLE,
                 f"server: {self.config.max_connections} connections open (--max-connections)\n",
             )
+        address = self._address(connection)
+        if self._per_address[address] >= self.config.max_connections_per_address:
+            log.warning("refused %s: %d connections open from %s", peer,
+                        self._per_address[address], address)  # fmt: skip
+            return connection.respond(
+                HTTPStatus.SERVICE_UNAVAILABLE,
+                f"server: {self.config.max_connections_per_address} connections open from "
+                f"{address} (--max-connections-per-address)\n",
+            )
         return None
+
+    @staticmethod
+    def _address(connection: ServerConnection) -> str:
+        address = connection.remote_address
+        return str(address[0]) if address else "?"
 
     # ---- connections ----------------------------------------------------------------------
 
     async def _handler(self, connection: ServerConnection) -> None:
-        peer = self._peer(connection)
+        peer, address = self._peer(connection), self._address(connection)
         self._connections.add(connection)
+        self._per_address[address] += 1
         log.info("connected %s (%d open)", peer, len(self._connections))
+        idle = self.config.idle_timeout_s or None
         try:
             await connection.send(pack(self.metadata))
             prev_total_ms = None
             while True:
-                frame = await connection.recv()
+                try:  # recv is cancellation-safe: a timeout loses no frame
+                    frame = await asyncio.wait_for(connection.recv(), idle)
+                except asyncio.TimeoutError:
+                    reason = f"idle for {idle:g} s with no request (--idle-timeout)"
+                    log.info("closing %s: %s", peer, reason)
+                    self._release(connection, address)  # its slot is free while it closes
+                    await connection.close(1000, reason)
+                    break
                 start = time.monotonic()
                 self._in_flight += 1
                 try:
@@ -146,7 +188,14 @@ class PolicyServer:
             reason = exc.sent.reason if exc.sent and exc.sent.reason else ""
             log.info("closed %s (code %s%s)", peer, code, f": {reason}" if reason else "")
         finally:
+            self._release(connection, address)
+
+    def _release(self, connection: ServerConnection, address: str) -> None:
+        if connection in self._connections:
             self._connections.discard(connection)
+            self._per_address[address] -= 1
+            if self._per_address[address] <= 0:
+                del self._per_address[address]
 
     async def _answer(self, frame: bytes | str, peer: str, prev_total_ms: float | None):
         """The reply frame: packed actions and timings, or one line of text for a refusal."""
@@ -244,6 +293,9 @@ class PolicyServer:
             compression=None,
             max_size=self.config.max_frame_bytes,
             process_request=self._process_request,
+            ping_interval=self.config.ping_interval_s or None,
+            ping_timeout=self.config.ping_timeout_s or None,
+            close_timeout=self.config.close_timeout_s,
         )
         self.port = next(iter(server.sockets)).getsockname()[1]
         log.info("listening on ws://%s:%d", self.config.host, self.port)
@@ -257,8 +309,9 @@ class PolicyServer:
             while self._in_flight and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)
             log.info("shutting down (%d requests in flight left)", self._in_flight)
-            for connection in list(self._connections):
-                await connection.close(1001, "server shutting down")
+            # all at once: a peer that never answers the close costs its close_timeout once
+            await asyncio.gather(*(connection.close(1001, "server shutting down")
+                                   for connection in list(self._connections)))  # fmt: skip
             await server.wait_closed()
             batcher.cancel()
             self._model_thread.shutdown(wait=True)
