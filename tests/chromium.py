@@ -99,7 +99,9 @@ def browser(width: int = 1400, height: int = 900) -> Iterator[Page]:
     exe = chromium_path()
     if exe is None:
         raise RuntimeError(CHROMIUM_MISSING)
-    with tempfile.TemporaryDirectory(prefix="recap-chromium-") as profile:
+    # ignore_cleanup_errors: a renderer may still be writing its profile as the browser exits
+    profiles = tempfile.TemporaryDirectory(prefix="recap-chromium-", ignore_cleanup_errors=True)
+    with profiles as profile:
         args = [
             exe, "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
             "--no-first-run", "--no-default-browser-check", "--disable-extensions",

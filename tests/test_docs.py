@@ -151,3 +151,12 @@ def test_home_and_api_pages_render_in_chromium(site):
         assert "add_advantages" in heading
         assert "recap.core.returns" in page.text()
         assert page.exceptions == []
+
+
+def test_readme_is_short_and_its_relative_links_exist():
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 300
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
+    relative = [link for link in links if not urlsplit(link).scheme]
+    assert "docs/spec.md" in relative and "docs/guide/own-dataset.md" in relative
+    assert [link for link in relative if not (REPO / link).exists()] == []
