@@ -146,6 +146,20 @@ def free_memory_gib() -> float | None:
         return None
 
 
+def total_memory_gib(local_ranks: int = 1) -> float | None:
+    """Memory of this process's device in GiB (on CPU: the host's, shared by ``local_ranks``
+    processes); None if unknown."""
+    try:
+        if is_cpu():
+            for line in Path("/proc/meminfo").read_text().splitlines():
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) / 2**20 / max(local_ranks, 1)
+            return None
+        return get().total_memory() / 2**30
+    except Exception:
+        return None
+
+
 def disable_cpu_shm_comm() -> None:
     """On CPU, keep DeepSpeed from JIT-building its shared-memory all-reduce op (35-90 s).
 

@@ -5,6 +5,12 @@ one ``"recap"`` section (head learning rate, head parameter patterns, LR schedul
 applies itself and strips before handing the rest to DeepSpeed. Defaults follow SPEC Step 2:
 torch AdamW, betas (0.9, 0.95), eps 1e-8, weight decay 1e-10, lr 5e-5 backbone / 1e-4 head,
 linear warmup then constant, global-norm clipping 1.0, ZeRO stage 3.
+
+``zero_stage = "auto"``: the training run picks, before it builds the model, the fastest stage
+(0-3) whose predicted memory fits this device at the configured micro batch (``resolve_auto``,
+``recap.engine.memory.auto_stage``), logs it, and records it in the config it tracks; an
+explicit stage always wins. ``recap-plan-memory`` prints the wider search (checkpointing, offload,
+micro batch) for a named hardware.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ from recap.errors import RecapError
 
 RECAP_KEY = "recap"
 PRECISIONS = ("auto", "bf16", "fp32")
+STAGES = (0, 1, 2, 3, "auto")
+AUTO = "auto"
 SCHEDULES = ("constant", "cosine")
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 AIO_FIX = (
@@ -126,7 +134,7 @@ def deepspeed_config(
     max_steps: int,
     micro_batch_size: int = 32,
     global_batch_size: int = 256,
-    zero_stage: int = 3,
+    zero_stage: int | str = 3,
     precision: str = "auto",
     lr: float = 5e-5,
     head_lr: float | None = 1e-4,
@@ -143,6 +151,7 @@ def deepspeed_config(
     nvme_path: str | None = None,
     param_persistence_threshold: int | None = None,
     ema_decay: float | None = None,
+    activation_gb_per_sample: float | None = None,
 ) -> dict[str, Any]:
     """DeepSpeed config dict for ``world_size`` ranks and ``max_steps`` optimizer steps.
 
@@ -153,7 +162,15 @@ def deepspeed_config(
     0.999) keeps an exponential moving average of the weights, checkpointed, and exports it
     (``recap.engine.ema``). ``offload_param`` (``"cpu"``, or ``"nvme"`` under ``nvme_path``;
     ZeRO-3 only) keeps the parameters on the host between uses, beside ``offload_optimizer``.
+    ``zero_stage`` ``"auto"`` is resolved when training starts (module doc), counting
+    ``activation_gb_per_sample`` GiB of activations per sample (``recap-plan-memory`` measures
+    it; None: half the device is kept for them); with parameter offload it is ZeRO-3.
     """
+    if zero_stage not in STAGES or isinstance(zero_stage, bool):
+        raise RecapError(f"gin config: deepspeed_config.zero_stage={zero_stage!r}; use 0, 1, 2, "
+                         '3 or "auto"')  # fmt: skip
+    if zero_stage == AUTO and offload_param != "none":
+        zero_stage = 3  # parameter offload is ZeRO-3's
     if schedule not in SCHEDULES:
         raise RecapError(f"gin config: deepspeed_config.schedule={schedule!r}; use {SCHEDULES}")
     if ema_decay is not None and not 0.0 <= ema_decay < 1.0:
@@ -181,6 +198,13 @@ def deepspeed_config(
             "head_lr": lr if head_lr is None else head_lr,
             "head_patterns": list(head_patterns),
             "ema_decay": None if ema_decay is None else float(ema_decay),
+            "auto": None
+            if zero_stage != AUTO
+            else {
+                "offload_optimizer": bool(offload_optimizer),
+                "persistence_threshold": param_persistence_threshold,
+                "activation_gb_per_sample": activation_gb_per_sample,
+            },
             "schedule": {
                 "kind": schedule,
                 "warmup_steps": int(warmup_steps),
@@ -189,6 +213,48 @@ def deepspeed_config(
             },
         },
     }
+
+
+def resolve_auto(
+    config: dict[str, Any], model_fn, ranks: int, local_ranks: int = 1
+) -> tuple[dict[str, Any], str | None]:
+    """(``config`` with ``zero_stage = "auto"`` resolved, one line saying what was chosen and
+    why; None when the stage was explicit). The model is counted on the meta device; the
+    device's memory is the accelerator's (on CPU the host's over ``local_ranks``). Nothing fits,
+    or the model or memory cannot be measured: ZeRO-3 (the smallest footprint), saying why."""
+    auto = config.get(RECAP_KEY, {}).get("auto")
+    if config["zero_optimization"]["stage"] != AUTO or auto is None:
+        return config, None
+    from recap.engine import memory
+
+    micro = config["train_micro_batch_size_per_gpu"]
+    device_gb = accelerator.total_memory_gib(local_ranks)
+    per_sample = auto["activation_gb_per_sample"]
+    if not per_sample and device_gb is not None:  # unknown: keep half the device for them
+        per_sample = device_gb / 2 / micro
+    stage, why = 3, None
+    try:
+        counts = memory.count_parameters(memory.build_on_meta(model_fn))
+    except Exception as exc:  # a model that cannot be built on the meta device
+        why = f"the model could not be counted on the meta device ({type(exc).__name__})"
+    if why is None and device_gb is None:
+        why = "the device's memory is unknown"
+    if why is None:
+        choice = memory.auto_stage(counts, ranks, device_gb, micro, per_sample,
+                                   auto["offload_optimizer"])  # fmt: skip
+        if choice is None:
+            why = f"no stage fits {device_gb:.1f} GiB at micro batch {micro}"
+        else:
+            stage = choice.stage
+            why = choice.describe().replace("as configured, ", "")
+    if not auto["activation_gb_per_sample"]:
+        why += ("; activations not given: half the device kept for them (set "
+                "deepspeed_config.activation_gb_per_sample from recap-plan-memory)")  # fmt: skip
+    out = copy.deepcopy(config)
+    offload = auto["offload_optimizer"] and stage > 0
+    out["zero_optimization"] = _zero(stage, offload, auto["persistence_threshold"])
+    out[RECAP_KEY]["auto"] = {**auto, "chosen_stage": stage}
+    return out, f'zero_stage "auto" on {ranks} rank(s): ZeRO-{stage} ({why})'
 
 
 def for_deepspeed(config: dict[str, Any]) -> dict[str, Any]:

@@ -45,6 +45,11 @@ def env_world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def local_world_size() -> int:
+    """Ranks on this node, known before the process group exists (launcher env, else 1)."""
+    return int(os.environ.get("LOCAL_SIZE") or os.environ.get("LOCAL_WORLD_SIZE") or "1")
+
+
 def init() -> None:
     """Create the process group through DeepSpeed on the accelerator's backend (idempotent)."""
     ensure_env()
@@ -56,8 +61,7 @@ def init() -> None:
         category=FutureWarning,
     )
     accelerator.disable_cpu_shm_comm()
-    local = os.environ.get("LOCAL_SIZE") or os.environ.get("LOCAL_WORLD_SIZE") or "1"
-    accelerator.share_cpu_cores(int(local))
+    accelerator.share_cpu_cores(local_world_size())
     import deepspeed
 
     deepspeed.init_distributed(dist_backend=accelerator.comm_backend(), verbose=False)

@@ -526,3 +526,195 @@ def format_recipes(
                      f"that fits: {first.recipe.name} ({change}): {first.total_gb:.1f} GiB at "
                      f"micro {first.micro}")  # fmt: skip
     return lines
+
+
+# ---- zero_stage = "auto": the fastest configuration that fits --------------------------------
+
+# Relative throughput of each choice (samples/s, 1.0 = ZeRO-0 without offload or checkpointing).
+# ZeRO-3: OpenTau's π0.5 on 8 x A100-80GB at 16 samples per GPU, 13.0 samples/s against ZeRO-2's
+# 24.2 (0.54 of it); stages 0-2 move the same gradient bytes per step (all-reduce, or
+# reduce-scatter + all-gather), stage 1/2 a little bookkeeping more. Offloading the optimizer runs
+# Adam on the host and moves gradients and weights across PCIe each step; offloading the
+# parameters moves them for every layer's use. Gradient checkpointing recomputes the forward:
+# 4 passes of work instead of 3. A micro batch m keeps the device busy m / (m + 2) of the time
+# (a fixed launch and communication cost of about two samples' compute per micro-batch).
+STAGE_SPEED = {0: 1.0, 1: 0.98, 2: 0.95, 3: 0.54}
+OFFLOAD_OPTIMIZER_SPEED = 0.5
+OFFLOAD_PARAM_SPEED = 0.25
+CHECKPOINTING_SPEED = 0.75
+MICRO_HALF = 2
+# name -> (ranks, GiB per device)
+HARDWARE = {
+    "910b": (8, 64.0),
+    "910b4": (8, 32.0),
+    "a100": (8, 80.0),
+    "h100": (8, 80.0),
+    "24gb": (1, 24.0),
+}
+
+
+def stage_model_states(
+    counts: ParamCounts, ranks: int, stage: int, offload_optimizer: bool = False,
+    offload_param: bool = False,
+) -> ModelStates:  # fmt: skip
+    """Per-rank model states at ZeRO ``stage`` (bf16 weights, fp32 master and Adam states).
+    Stage 3: ``zero3_model_states``. Stages 0-2 keep every weight whole (2 B/param); stage 1
+    partitions the fp32 master and Adam states (12 B per trained parameter over the ranks),
+    stage 2 the bf16 gradients too; stage 0 (DeepSpeed's bf16 optimizer) partitions the states
+    like stage 1 but keeps whole bf16 gradients and their float32 accumulation (6 B per trained
+    parameter). The optimizer offload (stages 1-3) moves the float32 states to the host; the
+    parameter offload is ZeRO-3's."""
+    if stage == 3:
+        return zero3_model_states(counts, ranks, offload_optimizer, offload_param)
+    if stage not in (0, 1, 2):
+        raise RecapError(f"plan_memory: zero stage {stage}; use 0, 1, 2 or 3")
+    if offload_param or (offload_optimizer and stage == 0):
+        raise RecapError(f"plan_memory: ZeRO-{stage} cannot offload "
+                         f"{'parameters' if offload_param else 'the optimizer'}")  # fmt: skip
+    if ranks < 1:
+        raise RecapError(f"plan_memory: ranks {ranks} must be >= 1")
+    grads = (6 if stage == 0 else BYTES_GRAD) * counts.trainable / (ranks if stage == 2 else 1)
+    optimizer = 0.0 if offload_optimizer else BYTES_OPTIM * counts.trainable / ranks
+    params = BYTES_PARAM * counts.total
+    total = (params + grads + optimizer) / GIB
+    return ModelStates(params / GIB, grads / GIB, optimizer / GIB, 0.0, total)
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """One configuration the auto planner weighs: its memory per rank and predicted speed."""
+
+    recipe: str
+    stage: int
+    offload_optimizer: bool
+    offload_param: bool
+    checkpointing: bool
+    micro: int
+    states: ModelStates
+    per_sample_gb: float
+    device_gb: float
+    reserve_gb: float = 4.0
+
+    @property
+    def total_gb(self) -> float:
+        return self.states.planned + self.reserve_gb + self.per_sample_gb * self.micro
+
+    @property
+    def fits(self) -> bool:
+        return self.micro >= 1 and self.total_gb <= self.device_gb
+
+    @property
+    def speed(self) -> float:
+        """Predicted samples/s relative to ZeRO-0 at an unbounded micro batch (see
+        ``STAGE_SPEED``)."""
+        speed = STAGE_SPEED[self.stage] * self.micro / (self.micro + MICRO_HALF)
+        if self.offload_param:
+            speed *= OFFLOAD_PARAM_SPEED
+        elif self.offload_optimizer:
+            speed *= OFFLOAD_OPTIMIZER_SPEED
+        return speed * (CHECKPOINTING_SPEED if self.checkpointing else 1.0)
+
+    def describe(self) -> str:
+        offload = "optimizer offload" if self.offload_optimizer else "no offload"
+        offload = "parameter + optimizer offload" if self.offload_param else offload
+        return (f"{self.recipe}, ZeRO-{self.stage}, {offload}, gradient checkpointing "
+                f"{'on' if self.checkpointing else 'off'}, micro batch {self.micro}: "
+                f"{self.total_gb:.1f} GiB of {self.device_gb:g} per rank (model states "
+                f"{self.states.planned:.1f} + activations {self.per_sample_gb * self.micro:.1f} + "
+                f"reserve {self.reserve_gb:g}), relative throughput {self.speed:.2f}")  # fmt: skip
+
+    def bindings(self, checkpointing_flag: str | None = None) -> list[str]:
+        """The gin bindings of the choice; ``checkpointing_flag``: the model's gin parameter
+        that turns gradient checkpointing on (e.g. ``pi05_policy.gradient_checkpointing``)."""
+        out = [f"{checkpointing_flag} = {self.checkpointing}"] if checkpointing_flag else []
+        out += [f"deepspeed_config.zero_stage = {self.stage}",
+               f"deepspeed_config.micro_batch_size = {self.micro}",
+               f"deepspeed_config.offload_optimizer = {self.offload_optimizer}"]  # fmt: skip
+        if self.offload_param:
+            out.append('deepspeed_config.offload_param = "cpu"')
+        return out
+
+
+def micro_batches(global_batch: int, ranks: int, cap: int) -> list[int]:
+    """Micro batches that keep ``global_batch`` whole (divisors of global / ranks), <= ``cap``."""
+    if global_batch % ranks:
+        return list(range(1, cap + 1))
+    per_rank = global_batch // ranks
+    return [m for m in range(1, min(cap, per_rank) + 1) if per_rank % m == 0]
+
+
+def choices(
+    counts: ParamCounts, activations: Activations, ranks: int, device_gb: float,
+    global_batch: int, micro_cap: int, recipe: str = "as configured", reserve_gb: float = 4.0,
+    checkpointing: Sequence[bool] = (False, True),
+) -> list[Choice]:  # fmt: skip
+    """Every stage x offload x checkpointing at its largest micro batch that fits (micro 1 when
+    none does), fastest first (ties: less memory)."""
+    out = []
+    micros = micro_batches(global_batch, ranks, micro_cap)
+    offloads = [(False, False), (True, False), (True, True)]
+    for stage in (0, 1, 2, 3):
+        for offload_optimizer, offload_param in offloads:
+            if (offload_param and stage != 3) or (offload_optimizer and stage == 0):
+                continue
+            states = stage_model_states(counts, ranks, stage, offload_optimizer, offload_param)
+            for ckpt in checkpointing:
+                if ckpt and activations.checkpointed is None:
+                    continue
+                per_sample = activations.gib_per_sample(ckpt)
+                made = [Choice(recipe, stage, offload_optimizer, offload_param, ckpt, m, states,
+                               per_sample, device_gb, reserve_gb) for m in micros]  # fmt: skip
+                fitting = [c for c in made if c.fits]
+                out.append(fitting[-1] if fitting else made[0])
+    return sorted(out, key=lambda c: (not c.fits, -c.speed, c.total_gb))
+
+
+def choose(
+    counts_by_recipe: dict[str, ParamCounts], activations: Activations, ranks: int,
+    device_gb: float, global_batch: int, micro_cap: int, reserve_gb: float = 4.0,
+    checkpointing: Sequence[bool] = (False, True),
+) -> list[Choice]:  # fmt: skip
+    """The auto planner: the fastest configuration that fits, then the runner-up, ... For the
+    first recipe of ``counts_by_recipe`` (the configured trained parameters) when any of its
+    configurations fits; else the next (LoRA, then LoRA + frozen vision: what fewer trained
+    parameters buy). Empty when nothing fits at all."""
+    for recipe, counts in counts_by_recipe.items():
+        acts = activations.without_vision() if "frozen vision" in recipe else activations
+        ranked = choices(counts, acts, ranks, device_gb, global_batch, micro_cap, recipe,
+                         reserve_gb, checkpointing)  # fmt: skip
+        fitting = [c for c in ranked if c.fits]
+        if fitting:
+            return fitting
+    return []
+
+
+def format_choice(
+    ranked: list[Choice], ranks: int, device_gb: float, checkpointing_flag: str | None = None
+) -> list[str]:
+    """The auto planner's lines: the choice, its bindings and the runner-up."""
+    if not ranked:
+        return [f'zero_stage = "auto" on {ranks} x {device_gb:g} GiB: no configuration fits; '
+                "use more or larger devices"]  # fmt: skip
+    best = ranked[0]
+    lines = [f'zero_stage = "auto" on {ranks} x {device_gb:g} GiB: {best.describe()}',
+             "  bindings: " + " ".join(f"--gin_param '{b}'"
+                                      for b in best.bindings(checkpointing_flag))]  # fmt: skip
+    if len(ranked) > 1:
+        lines.append(f"  runner-up: {ranked[1].describe()}")
+    return lines
+
+
+def auto_stage(
+    counts: ParamCounts, ranks: int, device_gb: float, micro: int, per_sample_gb: float,
+    offload_optimizer: bool, reserve_gb: float = 4.0,
+) -> Choice | None:  # fmt: skip
+    """What a training run with ``zero_stage = "auto"`` uses: the fastest stage (0-3, and the
+    optimizer offload when it is asked for) that fits at the configured micro batch and
+    checkpointing (``per_sample_gb``: activations per sample as configured); None when none
+    fits."""
+    acts = Activations(per_sample_gb, None, "training run")
+    ranked = choices(counts, acts, ranks, device_gb, micro * ranks, micro, "as configured",
+                     reserve_gb, (False,))  # fmt: skip
+    fitting = [c for c in ranked if c.fits and c.micro == micro and not c.offload_param
+               and c.offload_optimizer == offload_optimizer]  # fmt: skip
+    return fitting[0] if fitting else None

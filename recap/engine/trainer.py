@@ -35,6 +35,7 @@ from recap.engine.deepspeed_config import (
     for_deepspeed,
     lr_scheduler_factory,
     param_groups,
+    resolve_auto,
 )
 from recap.engine.ema import WeightEMA
 from recap.engine.inference import predict
@@ -300,7 +301,11 @@ def fit(
 ) -> FitResult:
     """Train ``model_fn()`` on ``train_data`` with the DeepSpeed ``config`` (see module doc)."""
     plan = ckpt.plan_resume(opts.run_dir, distributed.env_world_size(), config)
+    config, chosen = resolve_auto(config, model_fn, distributed.env_world_size(),
+                                  distributed.local_world_size())  # fmt: skip
     distributed.init()
+    if chosen is not None and distributed.is_main():
+        log.info(chosen)
     accelerator.seed_everything(opts.seed)
     ds_config = for_deepspeed(config)
     if plan.universal:
@@ -322,7 +327,9 @@ def fit(
     if distributed.is_main():
         opts.run_dir.mkdir(parents=True, exist_ok=True)
     log.info(f"{accelerator.describe()} world={distributed.world_size()} start_step={start}")
-    tracker.start(opts.run_dir, opts.step_name, {"recap.world_size": str(distributed.world_size())})
+    run_params = {"recap.world_size": str(distributed.world_size()),
+                  "recap.zero_stage": str(config["zero_optimization"]["stage"])}  # fmt: skip
+    tracker.start(opts.run_dir, opts.step_name, run_params)
     tracker.log_dict(config, "config/deepspeed_config.json")
     names = [g["name"] for g in groups]
     trainer = Trainer(engine, config, opts, tracker, train_data, eval_data, names, ema)

@@ -203,7 +203,13 @@ def test_plan_memory_command_prints_the_recipes_of_the_lora_experiment(capsys):
         "LoRA + frozen vision": ["47,776", "0.00", "0.300"],
         "param offload": ["90,112", "0.00", "0.500"],
     }
-    assert out[-1] == (
+    verdict = next(line for line in out if line.startswith("configured recipe"))
+    assert verdict == (
         "configured recipe (LoRA + frozen vision): fits up to micro batch 2 (4.6 GiB per rank "
         "there)"
+    )
+    assert out[-3] == (
+        'zero_stage = "auto" on 1 x 24 GiB: as configured, ZeRO-0, no offload, gradient '
+        "checkpointing on, micro batch 2: 4.6 GiB of 24 per rank (model states 0.0 + "
+        "activations 0.6 + reserve 4), relative throughput 0.38"
     )
