@@ -36,7 +36,7 @@ from recap import logs
 from recap.errors import RecapError
 from recap.processing.normalize import LEROBOT_FORMULA, OPENPI_FORMULA
 from recap.processing.pi05 import GUIDANCE, Pi05Processor, check_guidance, read_policy_processor
-from recap.processing.prompts import LEROBOT, OPENPI, PLAIN, POSITIVE_ONLY
+from recap.processing.prompts import LEROBOT, OPENPI, PLAIN
 
 log = logs.get(__name__)
 
@@ -323,12 +323,8 @@ class PolicyAdapter:
         config = self.model.config
         shape = (batch["frames"].shape[0], config.action_horizon, config.action_dim)
         noise = torch.randn(shape, generator=self.generator)
-        positive_only = self.processor.conditioning == POSITIVE_ONLY
-        with torch.no_grad():
-            chunk = self.model.sample_actions(batch, noise, self.beta, self.num_steps,
-                                              guidance=self.sample_guidance,
-                                              positive_only=positive_only)  # fmt: skip
-        return self.processor.unnormalize_actions(chunk)
+        return self.processor.sample(self.model, batch, noise, self.beta, self.num_steps,
+                                     self.guidance)  # fmt: skip
 
     def __call__(self, obs: dict) -> np.ndarray:
         return self.chunk(obs)[:, 0].astype(np.float32)

@@ -294,17 +294,41 @@ class Pi05Processor:
         """``beta`` as sampled: 1 for a behaviour-cloning policy (nothing to contrast)."""
         return 1.0 if self.plain_only else float(beta)
 
+    def branch_prompts(
+        self, task: str, state: np.ndarray | None, branches: Sequence[str]
+    ) -> dict[str, Prompt]:
+        """The prompt of each branch for one frame (normalized ``state``): the label its branch
+        carries (``BRANCH_LABEL``), none for a behaviour-cloning policy."""
+        return {b: self.prompt(task, None if self.plain_only else BRANCH_LABEL[b], state)
+                for b in branches}  # fmt: skip
+
     def prompt_batch(
         self, tasks: Sequence[str], states: np.ndarray | None, branches: Sequence[str]
     ) -> dict[str, torch.Tensor]:
         """The token keys of ``branches`` (``BRANCH_KEYS``) for tasks and normalized states."""
         rows = [None] * len(tasks) if states is None else list(states)
+        per_frame = [self.branch_prompts(t, s, branches) for t, s in zip(tasks, rows)]
         batch = {}
         for branch in branches:
-            label = BRANCH_LABEL[branch] if not self.plain_only else None
-            ids, mask = self.tokenize([self.prompt(t, label, s) for t, s in zip(tasks, rows)])
+            ids, mask = self.tokenize([prompts[branch] for prompts in per_frame])
             batch[BRANCH_KEYS[branch][0]], batch[BRANCH_KEYS[branch][1]] = ids, mask
         return batch
+
+    def sample(
+        self, model, batch: Mapping[str, torch.Tensor], noise: torch.Tensor, beta: float,
+        num_steps: int | None = None, guidance: str | None = None,
+    ) -> np.ndarray:  # fmt: skip
+        """float64[B, H, robot action dims]: ``model.sample_actions`` on a batch of
+        ``obs_to_batch`` (or the server's), guided as this processor's policy was trained
+        (``no_guide`` for one prompt), unnormalized."""
+        guidance = NO_GUIDE if self.plain_only else (guidance or self.guidance)
+        positive_only = self.conditioning == POSITIVE_ONLY
+        with torch.no_grad():
+            chunk = model.sample_actions(
+                dict(batch), noise, beta, num_steps or self.num_steps, guidance=guidance,
+                positive_only=positive_only,
+            )  # fmt: skip
+        return self.unnormalize_actions(chunk)
 
     def obs_to_batch(
         self,
