@@ -79,7 +79,6 @@ def tiny_sweep(tmp_path: Path) -> tuple[str, list[str]]:
     """Two points of a value-lr sweep over the demo pipeline, tracked by the pipeline's own
     ``track`` (the summary run of each point); the stages' results are written by hand."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    run_ids = []
     for i, (lr, success) in enumerate(zip(LRS, SUCCESS, strict=True)):
         own, scoped = split_params([f"value:deepspeed_config.lr = {lr}"])
         config = load_pipeline(
@@ -94,19 +93,33 @@ def tiny_sweep(tmp_path: Path) -> tuple[str, list[str]]:
             assert track(config, scoped, report) == uri
         finally:
             del os.environ["MLFLOW_TRACKING_URI"]
-        runs = MlflowClient(tracking_uri=uri).search_runs(
-            [MlflowClient(tracking_uri=uri).get_experiment_by_name("pipeline").experiment_id],
-            filter_string=f"attributes.run_name = 'lr-{i:03d}'",
-        )
-        assert len(runs) == 1
-        run_ids.append(runs[0].info.run_id)
-    return uri, run_ids
+    return uri, tiny_sweep_ids(uri)
 
 
-def test_sweep_summary_runs_carry_the_swept_binding_and_figures(tmp_path, monkeypatch, clean_gin):
-    monkeypatch.chdir(REPO)
-    monkeypatch.delenv("RANK", raising=False)
-    uri, run_ids = tiny_sweep(tmp_path)
+def tiny_sweep_ids(uri: str) -> list[str]:
+    """The summary runs' ids, point 0 first."""
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("pipeline").experiment_id
+    runs = client.search_runs([experiment], order_by=["attributes.run_name ASC"])
+    assert [r.info.run_name for r in runs] == ["lr-000", "lr-001"]
+    return [r.info.run_id for r in runs]
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory) -> tuple[str, list[str]]:
+    """The tiny sweep's tracking URI and its two summary runs (shared by the tests below)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(REPO)
+        patch.delenv("RANK", raising=False)
+        gin.clear_config()
+        try:
+            return tiny_sweep(tmp_path_factory.mktemp("sweep"))
+        finally:
+            gin.clear_config()
+
+
+def test_sweep_summary_runs_carry_the_swept_binding_and_figures(sweep):
+    uri, run_ids = sweep
     client = MlflowClient(tracking_uri=uri)
     experiment = client.get_experiment_by_name("pipeline")
     assert experiment.tags[EXPERIMENT_KIND_TAG] == "custom_model_development"
@@ -128,7 +141,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_http(url: str, proc: subprocess.Popen, timeout: float = 90.0) -> None:
+def _wait_http(url: str, proc: subprocess.Popen, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -142,38 +155,54 @@ def _wait_http(url: str, proc: subprocess.Popen, timeout: float = 90.0) -> None:
     raise TimeoutError(f"mlflow ui did not answer {url} in {timeout} s")
 
 
+def _click(page, selector: str) -> None:
+    page.wait_for(f"document.querySelector({selector!r}) !== null")
+    page.evaluate(f"document.querySelector({selector!r}).click()")
+
+
 @pytest.mark.skipif(chromium_path() is None, reason=CHROMIUM_MISSING)
-def test_mlflow_ui_compares_two_sweep_runs_in_chromium(tmp_path, monkeypatch, clean_gin):
-    monkeypatch.chdir(REPO)
-    monkeypatch.delenv("RANK", raising=False)
-    uri, run_ids = tiny_sweep(tmp_path)
+def test_mlflow_ui_compares_two_sweep_runs_in_chromium(sweep, tmp_path):
+    uri, run_ids = sweep
     port = _free_port()
     mlflow = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri,
               "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]  # fmt: skip
-    env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
     with open(tmp_path / "mlflow-ui.log", "w") as log:
-        proc = subprocess.Popen(mlflow, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(mlflow, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
     try:
         _wait_http(f"http://127.0.0.1:{port}/health", proc)
         experiment = MlflowClient(tracking_uri=uri).get_experiment_by_name("pipeline")
-        with browser() as page:
-            # The address recap prints lands on the runs table, not the GenAI overview.
+        with browser(1400, 1000) as page:
+            # The address recap prints lands on the runs table in the model-training view
+            # (a bare experiment address opens MLflow 3's GenAI overview: Traces, Judges, ...).
             page.goto(ui_address(uri, "pipeline", port=port))
             page.wait_for("document.body.innerText.includes('lr-001')", timeout=60)
             text = page.text()
-            assert "lr-000" in text and "lr-001" in text
-            assert "Traces" not in text.split("lr-000")[0] or "Runs" in text
+            assert "lr-000" in text and "2 matching runs" in text
+            assert "Model registry" in text and "Judges" not in text and "Sessions" not in text
 
             ids = ",".join(f'"{r}"' for r in run_ids)
-            compare = (f"http://127.0.0.1:{port}/#/compare-runs?runs=[{ids}]"
-                       f'&experiments=["{experiment.experiment_id}"]')  # fmt: skip
-            page.goto(compare)
-            page.wait_for(f"document.body.innerText.includes('{SWEPT}')", timeout=60)
+            page.goto(
+                f"http://127.0.0.1:{port}/#/compare-runs?runs=[{ids}]"
+                f'&experiments=["{experiment.experiment_id}"]&workflowType=machine_learning'
+            )
             page.wait_for("document.body.innerText.includes('success/policy/beta_1')", timeout=60)
+            _click(page, "button[aria-label='Close']")  # the assistant panel
+            _click(page, "button[aria-label='Parameters - Show diff only']")
+            _click(page, "button[aria-label='Metrics - Show diff only']")
+            page.wait_for("!document.body.innerText.includes('fingerprint/returns')")
             text = page.text()
-            assert "lr-000" in text and "lr-001" in text
-            for value in (*LRS, "0.5", "0.75"):
-                assert value in text, value
+            assert "Comparing 2 Runs from 1 Experiment" in text
+            # the swept binding, its two values, and the success metric's two values
+            params = text[text.index("Parameters\nShow diff only") : text.index("Metrics\n")]
+            assert SWEPT in params and all(lr in params for lr in LRS)
+            metrics = text[text.index("Metrics\n") : text.index("Artifacts")]
+            assert "success/policy/beta_1" in metrics
+            assert "0.75" in metrics and "0.5" in metrics
+            assert "value_eval_spearman" not in metrics  # equal in both runs: diff only
+            page.evaluate(
+                "[...document.querySelectorAll('h2,h3,span,div')].find("
+                "e => e.innerText === 'Run details').scrollIntoView({block: 'start'})"
+            )
             shot = tmp_path / "mlflow-compare.png"
             page.screenshot(shot)
             assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
