@@ -5,10 +5,19 @@ no ``meta/returns_{tag}.json``: ``returns_statistics`` checks it against the dat
 the statistics recap's Step 1 records.
 
 Value model: ``import_value_state`` / ``export_value_state`` map RLinf's full state dict (see
-``recap.models.value``'s ``expert_style = "gemma1"``) to recap's keys and back.
+``recap.models.value``'s ``expert_style = "gemma1"``) to recap's keys and back; ``value_range``
+reads the value support ``v_min`` / ``v_max`` from an RLinf run's config beside the checkpoint.
+
+CFG policy: RLinf (as openpi) builds the action expert's unused ``lm_head`` as
+``[RLINF_VOCAB, expert width]`` whatever the text vocabulary; the policy import tolerates it
+absent or of another shape (zeros of the model's shape, one log line) and the export writes it
+in RLinf's shape, so RLinf's strict loader takes recap's files at any size.
 """
 
 from __future__ import annotations
+
+import logging
+from pathlib import Path
 
 from recap.data.rlinf_returns import (  # noqa: F401  (re-exported)
     RECURRENCE_TOLERANCE,
@@ -17,6 +26,60 @@ from recap.data.rlinf_returns import (  # noqa: F401  (re-exported)
     infer_gamma,
     returns_statistics,
 )
+
+log = logging.getLogger(__name__)
+RLINF_VOCAB = 257152  # rows of the expert's lm_head in RLinf / openpi, at every model size
+DEFAULT_VALUE_RANGE = (-1.0, 0.0)  # recap's and RLinf's value support when none is recorded
+CONFIG_NAMES = ("config.yaml", ".hydra/config.yaml", "config.json")  # an RLinf run's config
+
+
+def value_range(source: str | Path, levels: int = 5) -> tuple[tuple[float, float], Path] | None:
+    """``((v_min, v_max), config file)`` from an RLinf run's config (``config.yaml``, Hydra's
+    ``.hydra/config.yaml`` or ``config.json``) in the checkpoint's folder or up to ``levels``
+    folders above it: the first with both ``v_min`` and ``v_max`` keys at any depth; None when
+    none records them."""
+    folder = Path(source).absolute().parent
+    for _ in range(levels + 1):
+        for name in CONFIG_NAMES:
+            path = folder / name
+            if path.is_file():
+                found = _find_range(_read_config(path))
+                if found is not None:
+                    return found, path
+        if folder.parent == folder:
+            break
+        folder = folder.parent
+    return None
+
+
+def _read_config(path: Path) -> object:
+    import json
+
+    import yaml
+
+    try:
+        text = path.read_text()
+        return json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (OSError, ValueError, yaml.YAMLError):
+        return None
+
+
+def _find_range(node: object) -> tuple[float, float] | None:
+    if isinstance(node, dict):
+        low, high = node.get("v_min"), node.get("v_max")
+        if isinstance(low, int | float) and isinstance(high, int | float):
+            return float(low), float(high)
+        for value in node.values():
+            found = _find_range(value)
+            if found is not None:
+                return found
+    elif isinstance(node, list):
+        for value in node:
+            found = _find_range(value)
+            if found is not None:
+                return found
+    return None
+
 
 # ---- value model: RLinf's FSDP full state dict <-> recap's gemma1-style ValueModel ------------
 
@@ -162,7 +225,12 @@ def split_policy_state(state: dict, target: dict) -> tuple[dict, list[str]]:
     import torch
 
     from recap.errors import RecapError
-    from recap.models.checkpoints import EMBED_KEY, LEROBOT_PREFIX, LM_HEAD_KEY
+    from recap.models.checkpoints import (
+        EMBED_KEY,
+        EXPERT_LM_HEAD_KEY,
+        LEROBOT_PREFIX,
+        LM_HEAD_KEY,
+    )
 
     what = "RLinf policy state dict"
     if state and all(k.startswith(LEROBOT_PREFIX) for k in state):
@@ -186,6 +254,17 @@ def split_policy_state(state: dict, target: dict) -> tuple[dict, list[str]]:
     if LM_HEAD_KEY not in file and EMBED_KEY in state:  # the tied tensor under its other name
         file[LM_HEAD_KEY] = state[EMBED_KEY]
         dropped.remove(EMBED_KEY)
+    want = target.get(EXPERT_LM_HEAD_KEY)
+    have = file.get(EXPERT_LM_HEAD_KEY)
+    if want is not None and (have is None or tuple(have.shape) != tuple(want.shape)):
+        shape = list(want.shape)  # never read: zeros of the model's shape, as save_pi05 writes
+        found = "absent" if have is None else f"of shape {list(have.shape)}"
+        log.info(f"{what}: the expert's lm_head (never read) is {found}; written as zeros "
+                 f"{shape}")  # fmt: skip
+        if have is not None:
+            dropped.append(EXPERT_LM_HEAD_KEY)
+        ref = file.get(LM_HEAD_KEY, want)  # the source's dtype and device
+        file[EXPERT_LM_HEAD_KEY] = torch.zeros(shape, dtype=ref.dtype, device=ref.device)
     missing = [k for k in target if k not in file]
     if missing:
         raise RecapError(f"{what}: {len(missing)} keys of openpi's layout unfilled, first "
@@ -202,8 +281,10 @@ def split_policy_state(state: dict, target: dict) -> tuple[dict, list[str]]:
 def join_policy_state(file: dict) -> dict:
     """RLinf's full state dict (``PI0Pytorch.state_dict()``) from openpi's file (the embedding
     is ``lm_head``) or from recap's training export (``Pi05Policy`` keys: the embedding under
-    its own name, no heads): both tied names hold the same tensor, and a missing expert
-    ``lm_head`` (never read) is zeros [vocab, expert width], as ``save_pi05`` writes it."""
+    its own name, no heads): both tied names hold the same tensor, and the expert's ``lm_head``
+    (never read) is in RLinf's shape ``[RLINF_VOCAB, expert width]``: kept when it has it,
+    else zeros of that shape (recap writes zeros ``[text vocab, width]``; a non-zero head of
+    another shape is dropped with one log line)."""
     import torch
 
     from recap.errors import RecapError
@@ -220,7 +301,12 @@ def join_policy_state(file: dict) -> dict:
                          "π0.5 ties them, export one of them")  # fmt: skip
     out = dict(file)
     out[LM_HEAD_KEY] = out[EMBED_KEY] = embed
-    if EXPERT_LM_HEAD_KEY not in out:
-        width = file["action_in_proj.weight"].shape[0]
-        out[EXPERT_LM_HEAD_KEY] = embed.new_zeros(embed.shape[0], width)
+    width = file["action_in_proj.weight"].shape[0]
+    head = out.get(EXPERT_LM_HEAD_KEY)
+    if head is None or tuple(head.shape) != (RLINF_VOCAB, width):
+        if head is not None and bool(head.any()):
+            log.info(f"π0.5 weights: the expert's lm_head (never read) has shape "
+                     f"{list(head.shape)}; written as zeros [{RLINF_VOCAB}, {width}], RLinf's "
+                     "shape")  # fmt: skip
+        out[EXPERT_LM_HEAD_KEY] = embed.new_zeros(RLINF_VOCAB, width)
     return out

@@ -510,10 +510,19 @@ def test_relabel_reads_rlinfs_narrow_advantages_files(tmp_path, capsys):
 
 def rlinf_policy_state(policy) -> dict:
     """RLinf's CFG policy full state dict as FORMATS.md documents it: exactly openpi's
-    ``PI0Pytorch.state_dict()`` (both lm_heads, the text embedding tied to paligemma's)."""
+    ``PI0Pytorch.state_dict()`` (both lm_heads, the text embedding tied to paligemma's), the
+    expert's unused lm_head in RLinf's hard-coded shape [257152, width] at any size."""
+    import torch
+
+    from recap.interop.rlinf import RLINF_VOCAB
+    from recap.models.checkpoints import EXPERT_LM_HEAD_KEY
     from recap.standins import openpi_module
 
-    return openpi_module(policy, seed=5).state_dict()
+    state = openpi_module(policy, seed=5).state_dict()
+    width = state[EXPERT_LM_HEAD_KEY].shape[1]
+    g = torch.Generator().manual_seed(5)
+    state[EXPERT_LM_HEAD_KEY] = torch.randn(RLINF_VOCAB, width, generator=g)
+    return state
 
 
 def test_import_rlinf_policy_loads_and_samples_as_the_source(tmp_path, capsys):
@@ -541,7 +550,9 @@ def test_import_rlinf_policy_loads_and_samples_as_the_source(tmp_path, capsys):
     assert main([*argv, "--base", str(base)]) == 0
     file = load_file(str(out / "model.safetensors"))
     assert set(file) == openpi_keys()  # openpi's save_model layout: the embedding as lm_head
-    assert torch.equal(file[ckpt.EXPERT_LM_HEAD_KEY], state[ckpt.EXPERT_LM_HEAD_KEY])
+    # the expert's unused head, [257152, 32] in RLinf, is zeros of the model's [32, 32]
+    assert file[ckpt.EXPERT_LM_HEAD_KEY].shape == (32, 32)
+    assert not file[ckpt.EXPERT_LM_HEAD_KEY].any()
     assert (out / "assets/physical-intelligence/libero/norm_stats.json").read_text() == (
         stats.read_text()
     )
@@ -549,11 +560,15 @@ def test_import_rlinf_policy_loads_and_samples_as_the_source(tmp_path, capsys):
     with torch.no_grad():
         assert torch.equal(sample(loaded), sample(policy))
     assert sample(policy).abs().max().item() > 0.1
-    # and back: RLinf's full state dict, bit for bit, the tie restored
+    # and back: RLinf's full state dict, bit for bit, the tie restored; the expert's unused
+    # head in RLinf's shape, zeros
     assert main(["export-rlinf-policy", str(out), "--out", str(tmp_path / "back.pt")]) == 0
     back = torch.load(tmp_path / "back.pt", weights_only=True)
     assert sorted(back) == sorted(state)
-    assert all(torch.equal(back[k], state[k]) and back[k].dtype == state[k].dtype for k in state)
+    used = [k for k in state if k != ckpt.EXPERT_LM_HEAD_KEY]
+    assert all(torch.equal(back[k], state[k]) and back[k].dtype == state[k].dtype for k in used)
+    assert back[ckpt.EXPERT_LM_HEAD_KEY].shape == (257152, 32)
+    assert not back[ckpt.EXPERT_LM_HEAD_KEY].any()
     assert back[ckpt.EMBED_KEY].data_ptr() == back[ckpt.LM_HEAD_KEY].data_ptr()
     # recap's training export (Pi05Policy keys: the embedding under its own name, no heads)
     # exports too: RLinf's full key set, the expert's unused head as zeros (as save_pi05)
@@ -618,3 +633,117 @@ def test_rlinf_policy_layout_at_the_real_sizes_is_openpis_file():
     file, dropped = split_policy_state(state, target)
     assert (len(state), len(file), dropped) == (813, 812, [ckpt.EMBED_KEY])
     assert set(file) == set(real["state"]) - {ckpt.EMBED_KEY}
+
+
+def test_rlinf_policy_without_the_expert_head_round_trips_in_rlinfs_shapes(tmp_path, capsys):
+    """#39: an RLinf CFG file without the unused expert lm_head, at a vocabulary that is not the
+    real one, imports (one log line) and exports back with RLinf's key list (the real one,
+    tests/fixtures/formats/openpi_pi05_keys.json) and the shapes RLinf's strict loader builds
+    at these sizes: the expert head [257152, width], every other tensor the source's."""
+    import logging
+
+    import torch
+
+    from recap.commands.import_rlinf import main
+    from recap.models import checkpoints as ckpt
+    from tests.helpers import REPO
+    from tests.models.test_pi05 import tiny_model
+
+    policy = tiny_model(seed=1)
+    base = tmp_path / "pi05_base"
+    ckpt.save_pi05(policy, base)
+    rlinf = rlinf_policy_state(policy)  # what RLinf's loader expects at these sizes
+    source = {k: v for k, v in rlinf.items() if k != ckpt.EXPERT_LM_HEAD_KEY}
+    torch.save(source, tmp_path / "no_head.pt")
+    out = tmp_path / "imported"
+    logger = logging.getLogger("recap.interop.rlinf")
+    records: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())
+    logger.addHandler(handler)
+    try:
+        # sizes from the base's recap_pi05.json, as a sizes file (no --base)
+        assert main(["rlinf-policy", str(tmp_path / "no_head.pt"), "--out", str(out),
+                     "--sizes", str(base / "recap_pi05.json")]) == 0  # fmt: skip
+    finally:
+        logger.removeHandler(handler)
+    assert records == ["RLinf policy state dict: the expert's lm_head (never read) is absent; "
+                       "written as zeros [32, 32]"]  # fmt: skip
+    loaded = ckpt.load_pi05(out).eval()
+    assert all(torch.equal(loaded.state_dict()[k], v) for k, v in policy.state_dict().items())
+    assert main(["export-rlinf-policy", str(out), "--out", str(tmp_path / "back.pt")]) == 0
+    back = torch.load(tmp_path / "back.pt", weights_only=True)
+    real = json.loads((REPO / "tests/fixtures/formats/openpi_pi05_keys.json").read_text())
+    import re
+
+    def layerless(keys) -> set[str]:  # the real model is deeper: compare names per layer
+        return {re.sub(r"\.layers\.\d+\.", ".layers.*.", k) for k in keys}
+
+    assert set(back) == set(rlinf) and len(back) == 77
+    assert layerless(back) == layerless(real["state"])
+    shapes = {k: list(v.shape) for k, v in back.items()}
+    assert shapes == {k: list(v.shape) for k, v in rlinf.items()}
+    assert shapes[ckpt.EXPERT_LM_HEAD_KEY] == [257152, 32] == [
+        real["state"][ckpt.EXPERT_LM_HEAD_KEY][0][0], 32]  # fmt: skip
+    assert all(torch.equal(back[k], v) for k, v in source.items())
+    capsys.readouterr()
+    # a sizes file with a field Pi05Config lacks, and a variant that does not exist
+    (tmp_path / "bad.json").write_text('{"action_horizon": 10, "vocab": 3}')
+    assert main(["rlinf-policy", str(tmp_path / "no_head.pt"), "--out", str(tmp_path / "x"),
+                 "--sizes", str(tmp_path / "bad.json")]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert err.startswith(f"recap-import: {tmp_path / 'bad.json'}: unknown fields ['vocab']; "
+                          "the fields are [")  # fmt: skip
+    assert not (tmp_path / "x").exists()
+    with pytest.raises(SystemExit) as exit_:
+        main(["rlinf-policy", str(tmp_path / "no_head.pt"), "--out", str(tmp_path / "x"),
+              "--variant", "pi05_aloha"])  # fmt: skip
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "recap-import rlinf-policy: error: argument --variant: invalid choice: 'pi05_aloha' "
+        "(choose from 'pi05_base', 'pi05_droid', 'pi05_libero')"
+    )
+
+
+def test_rlinf_value_range_from_the_run_config_else_the_flag_else_the_default(tmp_path, capsys):
+    import torch
+
+    from recap.commands.import_rlinf import main
+    from recap.models.value import load_value_model
+
+    source = tiny_model(truncate_backbone=False)
+    cfg = _write_configs(tmp_path)
+    run = tmp_path / "run"
+    weights = run / "checkpoints/global_step_10/actor/model_state_dict/full_weights.pt"
+    weights.parent.mkdir(parents=True)
+    torch.save(rlinf_state(source), weights)
+
+    def imported(out: str, *flags: str) -> tuple[int, str]:
+        code = main(["rlinf-value", str(weights), "--out", str(tmp_path / out), *cfg, *flags])
+        return code, capsys.readouterr()
+
+    code, io = imported("default")
+    assert code == 0 and io.out.splitlines()[0] == (
+        "rlinf-value: value range [-1, 0] from the default (no --value-range); configs: vision "
+        f"{tmp_path / 'vision.json'}, text {tmp_path / 'text.json'}"
+    )
+    code, io = imported("flag", "--value-range", "-2", "1")
+    assert code == 0 and io.out.startswith("rlinf-value: value range [-2, 1] from --value-range;")
+    model = load_value_model(tmp_path / "flag")
+    assert (model.config.v_min, model.config.v_max) == (-2.0, 1.0)
+    # an RLinf run's Hydra config above the checkpoint records the support
+    (run / ".hydra").mkdir()
+    (run / ".hydra/config.yaml").write_text("actor:\n  model:\n    value_head:\n"
+                                            "      v_min: -3.0\n      v_max: 0.5\n")  # fmt: skip
+    code, io = imported("config")
+    assert code == 0 and io.out.startswith(
+        f"rlinf-value: value range [-3, 0.5] from {run / '.hydra/config.yaml'};"
+    )
+    assert json.loads((tmp_path / "config/config.json").read_text())["v_max"] == 0.5
+    assert json.loads((tmp_path / "config/processor.json").read_text())["v_min"] == -3.0
+    code, io = imported("clash", "--value-range", "-1", "0")
+    assert code == 2 and io.err == (
+        f"recap-import: {run / '.hydra/config.yaml'}: records v_min/v_max -3 0.5 but "
+        "--value-range gives -1 0; drop the flag or fix the config\n"
+    )
+    assert not (tmp_path / "clash").exists()
