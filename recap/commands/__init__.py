@@ -17,5 +17,35 @@ sweep               recap-sweep           one training launch per grid point
 make_demo_data      recap-demo-data       the demo LeRobot datasets
 serve               recap-serve           a policy to robots (openpi websocket protocol)
 collect             recap-collect         rollouts (+ expert corrections) as a new dataset
+import_rlinf        recap-import          RLinf / LeRobot checkpoints in and out
+iterate             recap-iterate         iterative RECAP (collect, relabel, retrain)
+init                recap-init            an experiment file for one's own LeRobot datasets
 =================== ===================== ======================================================
+
+``HelpFormatter``: every argument's ``--help`` line ends with its default (argparse lists the
+choices).
 """
+
+from __future__ import annotations
+
+import argparse
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """``--help`` with each argument's default appended (``(default: X)``) unless its help
+    already states one, it is required, a flag or has no default; descriptions keep their
+    line breaks."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if (
+            "default" in text
+            or action.required
+            or action.default is None
+            or action.default is False
+            or action.default is argparse.SUPPRESS
+            or action.default == []
+            or isinstance(action, argparse._StoreConstAction | argparse._HelpAction)
+        ):
+            return text
+        return f"{text} (default: %(default)s)"

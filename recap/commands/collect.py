@@ -26,27 +26,69 @@ from recap.errors import RecapError, one_line
 
 
 def parser():
+    """The command's flags; ``--help`` says what each is, its default and its choices."""
+    from recap.commands import HelpFormatter
+
     p = build_parser(__doc__.splitlines()[0])
+    p.formatter_class = HelpFormatter
     p.add_argument("--out", required=True, help="the new dataset's directory (must not exist)")
-    p.add_argument("--run_dir", default=None, help="training run (default: train.run_dir)")
-    p.add_argument("--episodes", type=int, default=100)
+    p.add_argument(
+        "--run_dir",
+        default=None,
+        help="the training run to load; default: train.run_dir of the gin files",
+    )
+    p.add_argument("--episodes", type=int, default=100, help="episodes to collect")
     p.add_argument("--seed", type=int, default=2000, help="episode k starts at reset(seed + k)")
     p.add_argument("--beta", type=float, default=1.0, help="classifier-free guidance strength")
-    p.add_argument("--guidance", default="positive", choices=("positive", "negative", "no_guide"))
-    p.add_argument("--noise_seed", type=int, default=0)
-    p.add_argument("--num_steps", type=int, default=None, help="flow steps (default: model's)")
+    p.add_argument("--guidance", default="positive", choices=("positive", "negative", "no_guide"),
+                   help="which advantage text the policy is guided towards")  # fmt: skip
+    p.add_argument("--noise_seed", type=int, default=0, help="seed of the flow's initial noise")
+    p.add_argument(
+        "--num_steps",
+        type=int,
+        default=None,
+        help="flow-matching steps per chunk; default: the model's",
+    )
     p.add_argument("--replan_steps", type=int, default=1, help="actions executed per chunk")
     p.add_argument("--num_envs", type=int, default=50, help="environments run in lockstep")
-    p.add_argument("--env", default="reach", choices=("reach", "libero"))
-    p.add_argument("--max_steps", type=int, default=None, help="episode limit (default: task's)")
-    p.add_argument("--state_targets", action="store_true", help="reach: ReachConfig.state_targets")
+    p.add_argument(
+        "--env",
+        default="reach",
+        choices=("reach", "libero"),
+        help="the demo's reaching task or one LIBERO task (needs hf-libero)",
+    )
+    p.add_argument(
+        "--max_steps", type=int, default=None, help="episode limit in steps; default: the task's"
+    )
+    p.add_argument(
+        "--state_targets",
+        action="store_true",
+        help="reach: state[4:8] holds the targets' offsets (ReachConfig.state_targets)",
+    )
     p.add_argument("--suite", default="libero_10", help="libero: task suite")
     p.add_argument("--task_id", type=int, default=0, help="libero: task of the suite")
     p.add_argument("--expert", action="store_true", help="reach: the scripted expert corrects")
-    p.add_argument("--drift", type=float, default=1.0, help="takeover threshold (action L2)")
-    p.add_argument("--takeover_steps", type=int, default=5)
-    p.add_argument("--naming", default="lerobot", choices=("lerobot", "libero"))
-    p.add_argument("--image_dtype", default="video", choices=("video", "image"))
+    p.add_argument(
+        "--drift",
+        type=float,
+        default=1.0,
+        help="takeover threshold: the policy's action this far (L2) from the expert's",
+    )
+    p.add_argument(
+        "--takeover_steps",
+        type=int,
+        default=5,
+        help="steps the expert keeps control once it takes over",
+    )
+    p.add_argument("--naming", default="lerobot", choices=("lerobot", "libero"),
+                   help="feature names written: observation.images.<cam> / observation.state / "
+                   "action (lerobot) or <cam> / state / actions (libero)")  # fmt: skip
+    p.add_argument(
+        "--image_dtype",
+        default="video",
+        choices=("video", "image"),
+        help="cameras as mp4 video or PNG images in the parquet files",
+    )
     return p
 
 

@@ -48,10 +48,17 @@ HORIZON_S = (
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The flags; ``--help`` says what each is and its default."""
+    from recap.commands import HelpFormatter
+
     parser = argparse.ArgumentParser(
         prog="recap-init",
-        description="Write an experiment gin file for your own LeRobot datasets (read-only).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description=__doc__,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument(
         "datasets",
@@ -83,7 +90,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--ranks", type=int, default=1, help="processes per distributed step (pipeline.ranks)"
     )
     parser.add_argument("--force", action="store_true", help="overwrite --out if it exists")
-    return parser.parse_args(argv)
+    return parser
 
 
 def describe(name: str, dataset: LocalDataset, spec: DatasetSpec) -> tuple[list[str], dict]:

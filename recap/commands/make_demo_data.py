@@ -20,20 +20,40 @@ from recap.errors import RecapError
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Command-line flags."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    return build_parser().parse_args(argv)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The flags; ``--help`` says what each is and its default."""
+    from recap.commands import HelpFormatter
+
+    parser = argparse.ArgumentParser(prog="recap-demo-data", description=__doc__,
+                                     formatter_class=HelpFormatter)  # fmt: skip
     parser.add_argument("--out", required=True, help="folder to hold sft/, rollout/, eval/")
     parser.add_argument("--seed", type=int, default=0, help="one seed fixes every byte written")
     parser.add_argument("--force", action="store_true", help="rewrite datasets that exist")
-    parser.add_argument("--sft-episodes", type=int, default=300)
-    parser.add_argument("--rollout-episodes", type=int, default=300)
-    parser.add_argument("--eval-episodes", type=int, default=60)
+    parser.add_argument(
+        "--sft-episodes",
+        type=int,
+        default=300,
+        help="episodes of the scripted expert (the sft dataset)",
+    )
+    parser.add_argument(
+        "--rollout-episodes",
+        type=int,
+        default=300,
+        help="episodes of the noisy policy, successes and failures (rollout)",
+    )
+    parser.add_argument(
+        "--eval-episodes", type=int, default=60, help="held-out rollout episodes (eval)"
+    )
     parser.add_argument("--max-steps", type=int, default=40, help="episode time limit (frames)")
     parser.add_argument("--state-targets", action="store_true",
                         help="state[4:8] = each target's offset from the agent, and state-bin "
                         "words in the tokenizer (for policy_data.state_in_prompt)")  # fmt: skip
     parser.add_argument("--workers", type=int, default=min(3, os.cpu_count() or 1),
                         help="datasets written at once, a process each")  # fmt: skip
-    return parser.parse_args(argv)
+    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -94,14 +94,25 @@ def validate(spec: dict, all_params: list[list[str]]) -> None:
     gin.clear_config()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def build_parser() -> argparse.ArgumentParser:
+    """The flags; ``--help`` says what each is."""
+    from recap.commands import HelpFormatter
+
+    parser = argparse.ArgumentParser(prog="recap-sweep", description=__doc__.splitlines()[0],
+                                     formatter_class=HelpFormatter)  # fmt: skip
     parser.add_argument("sweep", help="sweep YAML file (path or name under recap/gin)")
     parser.add_argument("--dry_run", action="store_true", help="print the launches, run nothing")
     parser.add_argument(
-        "--gin_param", action="append", default=[], help="extra binding, every point"
+        "--gin_param",
+        action="append",
+        default=[],
+        help="extra gin binding 'a.b = v' for every point (repeat)",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         spec = load_sweep(args.sweep)
         grid = points(spec.get("grid") or {}) or [{}]
