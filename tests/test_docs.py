@@ -160,3 +160,18 @@ def test_readme_is_short_and_its_relative_links_exist():
     relative = [link for link in links if not urlsplit(link).scheme]
     assert "docs/spec.md" in relative and "docs/guide/own-dataset.md" in relative
     assert [link for link in relative if not (REPO / link).exists()] == []
+
+
+def test_readme_headline_figure_is_the_benchmarks_result_line():
+    """The README's RECAP-vs-BC figure is the one `bench/recap_vs_bc.py`'s RESULT line gave
+    (copied to the results page verbatim), not a second hand-typed number."""
+    page = (REPO / "docs/results/recap-vs-bc.md").read_text(encoding="utf-8")
+    line = next(ln for ln in page.splitlines() if ln.startswith("RESULT:") and "sft_rlinf_ci" in ln)
+    fields = dict(re.findall(r"(\w+)=(\S+)", line))
+    low, high = fields["sft_rlinf_ci"].strip("[]").split(",")
+    figure = f"+{float(fields['sft_rlinf_b1_minus_bc']):.3f} [{low}, {high}]"
+    assert figure == "+0.134 [+0.024, +0.255]"
+    assert (fields["seeds"], fields["episodes"]) == ("5", "200")
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert f"**{figure}**" in readme
+    assert "**5 training seeds x 200 held-out episodes**" in readme
