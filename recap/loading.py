@@ -6,8 +6,9 @@ Layouts, each with the processor it carries or implies:
   ``processor.json`` (``Pi05Processor``) and ``recap_pi05.json`` (the exact ``Pi05Config``) beside
   ``model.safetensors``; nothing else is read.
 - **LeRobot** π0.5 directories (``config.json`` with ``type: pi05``, the normalizer files): sizes,
-  ``num_inference_steps``, ``tokenizer_max_length`` and the image resolution from
-  ``config.json``, LeRobot's quantile formula and prompt style, statistics from the normalizer.
+  ``num_inference_steps``, ``tokenizer_max_length``, the image resolution and the camera slots
+  (its VISUAL ``input_features``, in order) from ``config.json``, LeRobot's quantile formula and
+  prompt style, statistics from the normalizer.
 - **openpi** directories and training checkpoints: ``assets/<asset_id>/norm_stats.json``, openpi's
   formula and prompt style, 10 sampling steps.
 - **older recap runs** without ``processor.json``: the processor is rebuilt once from the run's
@@ -34,6 +35,7 @@ import torch
 
 from recap import logs
 from recap.errors import RecapError
+from recap.processing.cameras import NUM_CAMERAS
 from recap.processing.normalize import LEROBOT_FORMULA, OPENPI_FORMULA
 from recap.processing.pi05 import GUIDANCE, Pi05Processor, check_guidance, read_policy_processor
 from recap.processing.prompts import LEROBOT, OPENPI, PLAIN
@@ -85,6 +87,14 @@ def _lerobot_config(path: Path) -> dict | None:
     return raw if raw.get("type") == "pi05" else None
 
 
+def lerobot_cameras(config: dict | None) -> tuple[str, ...]:
+    """The VISUAL ``input_features`` of a LeRobot ``config.json``, in order (LeRobot's
+    ``PI05Config.image_features``: the order its model stacks the cameras in)."""
+    features = (config or {}).get("input_features") or {}
+    return tuple(k for k, f in features.items()
+                 if isinstance(f, dict) and f.get("type") == "VISUAL")  # fmt: skip
+
+
 def foreign_processor(
     path: Path, model_config, tokenizer: str | os.PathLike | None, asset_id: str | None,
     overrides: dict,
@@ -108,6 +118,9 @@ def foreign_processor(
     fields = {"normalization": OPENPI_FORMULA, "prompt_style": OPENPI}
     if lerobot is not None or str(found).endswith(".safetensors"):
         fields = {"normalization": LEROBOT_FORMULA, "prompt_style": LEROBOT}
+    cameras = lerobot_cameras(lerobot)
+    if 0 < len(cameras) <= NUM_CAMERAS:  # LeRobot's slots: its image features, in order
+        fields["cameras"] = cameras
     fields["num_steps"] = int(model_config.num_steps)
     if lerobot is not None and lerobot.get("tokenizer_max_length"):
         fields["max_length"] = int(lerobot["tokenizer_max_length"])

@@ -1,7 +1,10 @@
 """π0.5 both ways at tiny sizes: a recap-exported policy loads with LeRobot 0.6.1's ``PI05Policy``
 from its directory (``recap-import export-lerobot-policy``) and a policy LeRobot saved loads in
 recap (``load_pi05``); for the same observation, prompt tokens and noise both give the same
-actions (fp32, 1e-5), and recap's LeRobot-style prompt is LeRobot's prompt text.
+actions (fp32, 1e-5), and recap's LeRobot-style prompt is LeRobot's prompt text. The whole path
+too: a checkpoint LeRobot wrote with its pre/post-processor files, run by ``load_policy`` +
+``PolicyAdapter`` (evaluation) and ``load_served`` (serving) on a raw observation, gives LeRobot's
+preprocessor -> ``predict_action_chunk`` -> postprocessor actions.
 
 LeRobot 0.6.1 accepts only the variant names ``gemma_2b`` / ``gemma_300m`` and hard-codes the
 SigLIP so400m tower (``projection_dim`` 2048) and the 257,152-token vocabulary; tiny sizes are
@@ -10,7 +13,9 @@ PaliGemma constructor (recap's ``checkpoints.VARIANTS`` names the same tiny size
 attention heads and the vocabulary. LeRobot's own files are not edited.
 """
 
+import dataclasses
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -187,3 +192,168 @@ def test_recap_lerobot_prompt_is_lerobots_prompt():
         theirs == "Task: Put the bowl on the plate., State: -1 0 64 128 175 255 255 255;\nAction: "
     )
     assert ours == theirs
+
+
+# ---- a LeRobot checkpoint through the whole path: raw observation -> unnormalized actions ----
+
+PALIGEMMA = "google/paligemma-3b-pt-224"  # the tokenizer LeRobot's π0.5 processor names
+LEROBOT_STEPS = 3  # config.json's num_inference_steps; recap's default is 10
+STATE_KEY = "observation.state"
+# LeRobot stacks the cameras in its config's input_features order, here the wrist camera first
+# (recap's own rule, base first, would swap them)
+LEROBOT_CAMERAS = (CAMERAS[1], CAMERAS[0])
+
+
+@pytest.fixture(scope="module")
+def paligemma_standin(tmp_path_factory):
+    """A Hugging Face tokenizer directory standing in for PaliGemma's (offline): recap's
+    SentencePiece stand-in (pad 0, eos 1, bos 2), converted by transformers, adding BOS as
+    PaliGemma's does."""
+    from transformers import GemmaTokenizer
+
+    from recap.standins import sentencepiece_model
+
+    root = tmp_path_factory.mktemp("paligemma")
+    (root / "src").mkdir()
+    (root / "src/tokenizer.model").write_bytes(sentencepiece_model(0))
+    tokenizer = GemmaTokenizer.from_pretrained(root / "src", local_files_only=True,
+                                               add_bos_token=True)  # fmt: skip
+    tokenizer.save_pretrained(root / "tokenizer")
+    return root / "tokenizer"
+
+
+@pytest.fixture
+def paligemma_offline(monkeypatch, paligemma_standin):
+    """LeRobot's ``TokenizerProcessorStep`` resolves PaliGemma's Hub name to the stand-in (its
+    saved ``policy_preprocessor.json`` names PaliGemma, as a real checkpoint's does)."""
+    from lerobot.processor import tokenizer_processor
+    from transformers import AutoTokenizer
+
+    class Offline:
+        @staticmethod
+        def from_pretrained(name, **kwargs):
+            assert name == PALIGEMMA, name
+            return AutoTokenizer.from_pretrained(paligemma_standin, local_files_only=True)
+
+    monkeypatch.setattr(tokenizer_processor, "AutoTokenizer", Offline)
+    return paligemma_standin
+
+
+def quantile_stats(seed: int, dim: int) -> dict[str, torch.Tensor]:
+    """Non-trivial q01 < q99 per dim (offsets and spans far from [-1, 1]), mean and std."""
+    g = torch.Generator().manual_seed(seed)
+    q01 = torch.rand(dim, generator=g) * 4 - 3
+    q99 = q01 + 0.5 + torch.rand(dim, generator=g) * 3
+    return {"q01": q01, "q99": q99, "mean": (q01 + q99) / 2, "std": (q99 - q01) / 4,
+            "min": q01 - 1, "max": q99 + 1}  # fmt: skip
+
+
+@pytest.fixture
+def lerobot_checkpoint(tiny_sizes, paligemma_offline, tmp_path):
+    """A tiny π0.5 written by LeRobot 0.6.1: ``PI05Policy.save_pretrained`` and the pre/post
+    processors of ``make_pre_post_processors`` (quantile statistics) saved beside it, with
+    ``num_inference_steps`` 3 and the wrist camera first. Only ``recap_pi05.json`` is added:
+    the tiny sizes, which are no ``gemma_2b`` (its ``num_steps`` left at recap's default, 10)."""
+    from lerobot.policies.factory import make_pre_post_processors
+
+    features = {c: PolicyFeature(FeatureType.VISUAL, (3, S, S)) for c in LEROBOT_CAMERAS}
+    features[STATE_KEY] = PolicyFeature(FeatureType.STATE, (STATE_DIM,))
+    config = PI05Config(
+        input_features=features,
+        output_features={"action": PolicyFeature(FeatureType.ACTION, (ACTION_DIM,))},
+        chunk_size=H, n_action_steps=H, num_inference_steps=LEROBOT_STEPS,
+        image_resolution=(S, S), device="cpu",
+    )  # fmt: skip
+    policy = PI05Policy(config)
+    randomize(policy, 3)
+    policy.eval()
+    stats = {STATE_KEY: quantile_stats(4, STATE_DIM), "action": quantile_stats(5, ACTION_DIM)}
+    stats[STATE_KEY]["q01"][0], stats[STATE_KEY]["q99"][0] = -1.0, 3.0  # see the test
+    pre, post = make_pre_post_processors(config, dataset_stats=stats)
+    directory = tmp_path / "lerobot"
+    policy.save_pretrained(directory)
+    pre.save_pretrained(directory)
+    post.save_pretrained(directory)
+    sizes = dataclasses.asdict(tiny_config()) | {"num_steps": 10}
+    (directory / ckpt.RECAP_CONFIG_FILE).write_text(json.dumps(sizes))
+    return directory
+
+
+def raw_observation(seed: int, states: np.ndarray, size: tuple[int, int] = (S, S)):
+    """recap's observation (uint8 HWC cameras, raw state, task texts) and the same as LeRobot's
+    raw batch (float CHW in [0, 1], as its dataset and env wrappers give them)."""
+    rng = np.random.default_rng(seed)
+    images = {c: rng.integers(0, 256, (len(states), *size, 3), dtype=np.uint8) for c in CAMERAS}
+    tasks = ["pick_up the red cube\n", "open the drawer."][: len(states)]
+    ours = {"images": images, "state": states, "task": tasks}
+    theirs = {c: torch.from_numpy(v).permute(0, 3, 1, 2).float() / 255.0 for c, v in
+              images.items()}  # fmt: skip
+    theirs |= {STATE_KEY: torch.from_numpy(states).float(), "task": list(tasks)}
+    return ours, theirs
+
+
+def lerobot_pipeline(directory: Path, batch: dict, noise: torch.Tensor) -> np.ndarray:
+    """LeRobot's own path from its directory: preprocessor -> ``predict_action_chunk`` (the
+    given noise) -> postprocessor, float64[B, H, action dims]."""
+    from lerobot.policies.factory import make_pre_post_processors
+
+    policy = PI05Policy.from_pretrained(directory).eval()
+    pre, post = make_pre_post_processors(policy.config, pretrained_path=str(directory))
+    with torch.no_grad():
+        actions = policy.predict_action_chunk(pre(batch), noise=noise)
+    return post(actions).double().numpy()
+
+
+def test_a_lerobot_checkpoint_serves_and_evaluates_as_lerobot_runs_it(
+    lerobot_checkpoint, paligemma_offline
+):
+    from recap.loading import PolicyAdapter, load_policy
+    from recap.processing.cameras import slot_order
+    from recap.processing.normalize import LEROBOT_FORMULA, OPENPI_FORMULA
+    from recap.serve.load import load_served
+    from recap.serve.policy import ServeSpec
+
+    tokenizer = str(paligemma_offline)
+    # LeRobot trains on the plain prompt; its files do not say so: conditioning is passed
+    model, processor = load_policy(lerobot_checkpoint, tokenizer=tokenizer, conditioning="none")
+    assert (processor.normalization, processor.num_steps) == ("lerobot", 3)
+    assert LEROBOT_FORMULA == "lerobot" and processor.prompt_style == "lerobot"
+    assert processor.max_length == 200  # config.json's tokenizer_max_length
+    assert processor.cameras == LEROBOT_CAMERAS != tuple(slot_order(LEROBOT_CAMERAS))
+    # state dim 0 sits on a bin edge under LeRobot's formula (q01 -1, q99 3: 2 (1 + 1) / 4 - 1
+    # = 0, bin 128); openpi's epsilon moves it below (bin 127): another prompt
+    g = torch.Generator().manual_seed(6)
+    states = torch.randn(2, STATE_DIM, generator=g).double().numpy() * 2
+    states[0, 0] = 1.0
+    (prompt,) = processor.prompt("t", None, processor.normalize_state(states[0]))
+    assert prompt.startswith("Task: t, State: 128 ")
+    ours_obs, theirs_obs = raw_observation(7, states)
+    noise = torch.randn(2, H, 32, generator=torch.Generator().manual_seed(11))  # the adapter's
+
+    def evaluated(processor) -> np.ndarray:  # closed-loop evaluation's chunk, seed 11
+        return PolicyAdapter(model, processor, beta=1.0, seed=11).chunk(ours_obs)
+
+    ours = evaluated(processor)
+    theirs = lerobot_pipeline(lerobot_checkpoint, theirs_obs, noise)
+    assert ours.shape == theirs.shape == (2, H, ACTION_DIM)
+    assert np.abs(ours - theirs).max() < 1e-5
+    assert np.abs(theirs).mean() > 0.1
+    # openpi's formula on the same checkpoint: frame 0 gets another prompt
+    openpi = evaluated(processor.replace(normalization=OPENPI_FORMULA))
+    assert np.abs(openpi[0] - theirs[0]).max() > 1e-3  # state bin 127: other actions
+    assert np.abs(openpi[1] - theirs[1]).max() < 1e-4  # same bins: only the epsilon
+    # recap's own camera rule (base first) swaps LeRobot's slots
+    assert np.abs(evaluated(processor.replace(cameras=())) - theirs).max() > 1e-3
+
+    served = load_served(lerobot_checkpoint, tokenizer=tokenizer, conditioning="none",
+                         device="cpu", spec=ServeSpec(image_keys=LEROBOT_CAMERAS,
+                                                      state_key=STATE_KEY))  # fmt: skip
+    assert (served.num_steps, served.processor.normalization) == (3, "lerobot")
+    for row in range(2):
+        request = {c: ours_obs["images"][c][row] for c in CAMERAS}
+        request |= {STATE_KEY: states[row], "prompt": ours_obs["task"][row], "noise_seed": 5}
+        reply = served.infer(request)["actions"]
+        noise = torch.randn(H, 32, generator=torch.Generator().manual_seed(5))[None]
+        single = {k: v[row : row + 1] for k, v in theirs_obs.items()}
+        expected = lerobot_pipeline(lerobot_checkpoint, single, noise)[0]
+        assert np.abs(reply - expected).max() < 1e-5
