@@ -61,7 +61,8 @@ def test_init_writes_an_experiment_that_plans(data, tmp_path, capsys):
         '"observation.images.cam_right_wrist"],',
         "DATASETS = [%ALOHA]",
         "EVAL_DATASETS = [%ALOHA_EVAL]",
-        "compute_advantages.lookahead = 50   # frames ahead for the n-step advantage",
+        "compute_advantages.lookahead_s = 1\n",
+        "policy_data.action_horizon = 50     # the policy's action chunk, as the model's",
         'policy_data.asset_id = "my_experiment"',
     ]:
         assert line in text, line
@@ -76,7 +77,7 @@ def test_init_writes_an_experiment_that_plans(data, tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in lines if " run " in line] == [
         "returns", "value", "advantages", "policy", "baseline"]  # fmt: skip
-    assert "advantages: compute_advantages.lookahead 50 frames = 1 s at 50 fps (aloha)" in lines
+    assert "advantages: compute_advantages.lookahead_s 1 s = 50 frames at 50 fps (aloha)" in lines
 
 
 def test_init_refusals(data, tmp_path, capsys):

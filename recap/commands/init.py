@@ -218,8 +218,9 @@ DATASETS = [{data_list}]   # training data of the value model and the policy; St
 EVAL_DATASETS = [{eval_list}]{eval_note}
 compute_returns.datasets = [{", ".join(f"%{macro[n]}" for n in names)}]
 
-# ---- rates: horizons are frames; {HORIZON_S:g} s at {rate_note} ----
-compute_advantages.lookahead = {frames}   # frames ahead for the n-step advantage
+# ---- rates: {HORIZON_S:g} s at {rate_note} ----
+# the n-step advantage's look-ahead in seconds (frames at each dataset's fps)
+compute_advantages.lookahead_s = {HORIZON_S:g}
 policy_data.action_horizon = {frames}     # the policy's action chunk, as the model's
 pi05_policy.action_horizon = {frames}
 

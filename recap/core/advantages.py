@@ -26,7 +26,8 @@ columns, joins): ``frames.py``.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
 
 import numpy as np
 import pyarrow as pa
@@ -217,7 +218,7 @@ def add_advantages(
     *,
     return_range: ReturnRange | None = None,
     normalization: str = GLOBAL,
-    lookahead: int = DEFAULT_LOOKAHEAD,
+    lookahead: int | Mapping[str, int] = DEFAULT_LOOKAHEAD,
     gamma: float = DEFAULT_GAMMA,
     labels: LabelOptions = LabelOptions(),
     dataset_name: str | None = None,
@@ -234,27 +235,40 @@ def add_advantages(
             normalization) and the correction column.
         return_range: global [min, max] of the training returns (``global`` normalization).
         normalization: ``global`` (scale = max - min) or ``task_length`` (task's longest episode).
+        lookahead: N frames, or per dataset name (datasets recorded at different rates: the
+            same duration is a different N); the record then holds the mapping.
     Returns:
         Rows sorted by (dataset_name, episode_index, frame_index); the schema metadata holds the
         labeling record (``labeling_of``).
     """
-    check_lookahead(lookahead, gamma)
+    per_dataset = isinstance(lookahead, Mapping)
+    for n in lookahead.values() if per_dataset else (lookahead,):
+        check_lookahead(n, gamma)
     layout = frame_layout(table, dataset_name)
     values = finite_column(table, value_column, layout, fix=VALUE_FIX)
     rewards, returns = _reward_columns(table, layout, gamma)
     needs_tasks = labels.scope == SCOPE_PER_TASK or normalization == TASK_LENGTH
     tasks = task_keys(table, layout) if needs_tasks else None
     offset, scale = _normalization(normalization, return_range, tasks, layout.episodes)
-    nstep = n_step_advantages(
-        values,
-        layout.episodes,
-        rewards=rewards,
-        returns=returns if rewards is None else None,
-        lookahead=lookahead,
-        gamma=gamma,
-        scale=scale,
-        offset=offset,
-    )
+    steps = _dataset_lookahead(lookahead, layout) if per_dataset else None
+    nstep = None
+    for n in sorted(set(steps.tolist())) if per_dataset else (lookahead,):
+        part = n_step_advantages(
+            values,
+            layout.episodes,
+            rewards=rewards,
+            returns=returns if rewards is None else None,
+            lookahead=int(n),
+            gamma=gamma,
+            scale=scale,
+            offset=offset,
+        )
+        if nstep is None:
+            nstep = part
+        else:  # rows of the datasets with this N (windows never cross episodes or datasets)
+            rows = steps == n
+            for f in fields(NStep):
+                getattr(nstep, f.name)[rows] = getattr(part, f.name)[rows]
     label, record = label_frames(nstep.advantage, table, layout, tasks, labels)
     record.update(_computation_record(normalization, return_range, lookahead, gamma))
     columns = [layout.episode_index, layout.frame_index, nstep.advantage, returns, values]
@@ -313,12 +327,26 @@ def _reward_columns(
     return rewards, discounted_returns(rewards, layout.episodes, gamma)
 
 
-def _computation_record(mode: str, rng: ReturnRange | None, lookahead: int, gamma: float) -> dict:
+def _dataset_lookahead(lookahead: Mapping[str, int], layout: FrameLayout) -> np.ndarray:
+    """int64[n] N of each row (layout order) from a per-dataset mapping; a dataset it does not
+    name is a one-line error."""
+    missing = [n for n in layout.dataset_names if n not in lookahead]
+    if missing:
+        raise RecapError(f"lookahead: no value for datasets {missing}; give one per dataset")
+    per_code = np.array([int(lookahead[n]) for n in layout.dataset_names], dtype=np.int64)
+    return per_code[layout.dataset_codes]
+
+
+def _computation_record(
+    mode: str, rng: ReturnRange | None, lookahead: int | Mapping[str, int], gamma: float
+) -> dict:
     return {
         "normalization": mode,
         "return_min": None if rng is None else float(rng.return_min),
         "return_max": None if rng is None else float(rng.return_max),
-        "lookahead": int(lookahead),
+        "lookahead": {k: int(v) for k, v in lookahead.items()}
+        if isinstance(lookahead, Mapping)
+        else int(lookahead),
         "gamma": float(gamma),
     }
 

@@ -173,6 +173,20 @@ def spec_key_map(
     return key_map
 
 
+def frames_of(seconds: float, specs: Sequence[DatasetSpec], what: str) -> int | dict[str, int]:
+    """A duration in frames at each dataset's rate (``round(seconds * fps)``, at least 1): one
+    int when every dataset gives the same, else ``{dataset name: frames}`` (a mixture of
+    rates). ``what`` names the binding in the one-line error for a duration <= 0."""
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds > 0:
+        raise DatasetError(f"{what}: {seconds!r} must be a duration in seconds > 0")
+    frames = {}
+    for spec in specs:
+        fps = LocalDataset(spec.root).fps
+        frames[spec.name] = max(1, int(round(float(seconds) * fps)))
+    counts = set(frames.values())
+    return counts.pop() if len(counts) == 1 else frames
+
+
 def _first(features: Mapping[str, dict], keys: Sequence[str]) -> str | None:
     return next((k for k in keys if k in features), None)
 

@@ -176,6 +176,21 @@ class PlanChecks:
         """Print the frame-counted horizons in seconds at each dataset's rate."""
         horizons = {"compute_advantages.lookahead": ("compute_advantages", "datasets"),
                     "policy_data.action_horizon": ("policy_data", "datasets")}  # fmt: skip
+        seconds = bound("compute_advantages.lookahead_s")
+        if seconds is not None:  # a duration: frames per dataset
+            horizons.pop("compute_advantages.lookahead")
+            try:
+                specs = bound_specs("compute_advantages", "datasets")
+            except RecapError:
+                specs = []
+            for spec in specs:
+                try:
+                    fps = float(LocalDataset(spec.root).info["fps"])
+                except (DatasetError, KeyError, TypeError, ValueError):
+                    continue
+                n = max(1, int(round(float(seconds) * fps)))
+                self.note(f"{stage}: compute_advantages.lookahead_s {seconds:g} s = {n} frames at "
+                          f"{fps:g} fps ({spec.name})")  # fmt: skip
         for name, (configurable, field) in horizons.items():
             frames = bound(name)
             if frames is None:

@@ -49,6 +49,7 @@ from recap.core.thresholds import (
     check_positive_quantile,
 )
 from recap.data.datasets import ValueDataset, read_return_range
+from recap.data.lerobot import frames_of
 from recap.data.sidecars import (
     ADVANTAGES,
     advantages_files,
@@ -87,6 +88,7 @@ def compute_advantages(
     image_size: int | None = None,
     max_length: int = 200,
     lookahead: int = DEFAULT_LOOKAHEAD,
+    lookahead_s: float | None = None,
     gamma: float | None = None,
     positive_quantile: float = DEFAULT_POSITIVE_QUANTILE,
     scope: str = SCOPE_GLOBAL,
@@ -108,11 +110,17 @@ def compute_advantages(
     ``return_range``: (min, max) of the value model's training returns; default: the range its
     processor recorded (``processor.json``; ``return_range.json`` of older runs), else the
     listed datasets'.
-    ``gamma``: default the Step 1 discount. Returns name -> sidecar (rank 0).
+    ``gamma``: default the Step 1 discount. ``lookahead_s``: the look-ahead as a duration,
+    replacing ``lookahead`` (frames) when set: converted at each dataset's ``fps``
+    (``recap.data.lerobot.frames_of``; datasets of different rates get their own N). Returns
+    name -> sidecar (rank 0).
     """
     check_positive_quantile(positive_quantile)  # the cheap checks first
     plan = Plan.checked(datasets, data_root, tag, returns_tag, model_path, tokenizer_path,
                         lookahead, gamma, return_range, precision)  # fmt: skip
+    if lookahead_s is not None:  # seconds -> frames per dataset rate
+        lookahead = frames_of(lookahead_s, plan.specs, "compute_advantages.lookahead_s")
+        log.info(f"look-ahead {lookahead_s:g} s = {lookahead} frames")
     sft = tuple(s.name for s in plan.specs if s.type == C.SFT) if force_sft_positive else ()
     corrections = any(s.correction_column or correction_column for s in plan.specs)
     options = LabelOptions(positive_quantile, scope, sft, IS_CORRECTION if corrections else None)
