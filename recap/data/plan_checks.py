@@ -23,6 +23,7 @@ written yet (a later iteration's rollouts) is left to its step.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
 
 from recap import logs
 from recap.config_check import bound
@@ -148,6 +149,10 @@ class PlanChecks:
                 return
         mode, checkpoint = bound("policy_data.norm_stats", "auto"), bound("policy_data.checkpoint")
         if mode == "data" or checkpoint is None:
+            return
+        if not Path(checkpoint).is_dir():  # written by an earlier step or iteration
+            self.note(f"{stage}: policy_data.checkpoint {checkpoint} not there yet; its "
+                      "statistics are checked when the step reads them")  # fmt: skip
             return
         from recap.data.norm_stats import find_norm_stats, read_norm_stats
 

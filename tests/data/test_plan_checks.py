@@ -83,6 +83,12 @@ def test_fourteen_dims_against_eight_dim_checkpoint_statistics(aloha, tmp_path, 
     out, _ = capsys.readouterr()
     steps = [line.split()[0] for line in out.splitlines() if ":" not in line.split()[0]]
     assert steps == ["returns", "value", "advantages", "policy"]
+    # a checkpoint an earlier step or iteration writes is not there yet: left to its step
+    later = f'policy:policy_data.checkpoint = "{tmp_path / "later"}"'
+    assert pipeline.main(args(entry, later, 'policy:policy_data.norm_stats = "checkpoint"')) == 0
+    out, _ = capsys.readouterr()
+    assert (f"policy: policy_data.checkpoint {tmp_path / 'later'} not there yet; its statistics "
+            "are checked when the step reads them") in out.splitlines()  # fmt: skip
 
 
 def test_several_mismatches_are_one_line_each(aloha, tmp_path, capsys, caplog):
