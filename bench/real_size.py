@@ -1,16 +1,18 @@
-"""Real-size training steps: the value model and π0.5, one ZeRO-3 DeepSpeed step each.
+"""Real-size training steps: the value model and π0.5 at each ZeRO stage that the planner allows.
 
 On an NPU / GPU: the real sizes (``value.gin`` + ``models/value_real.gin``;
 ``experiments/libero_pi05.gin``, gradient checkpointing on as LIBERO sets it), bf16, one process;
-the micro batch is the largest the memory planner (``recap.engine.memory``, one rank, this
-device's memory, capped at the gin micro batch) allows, or ``--micro_batch``. On CPU: the demo
+for each ZeRO stage (0-3) whose predicted model states leave room for one sample on this
+device (``recap.engine.memory.stage_model_states``, one rank; ``--stages`` to name them), the
+micro batch is the largest the memory planner allows at that stage (capped at the gin micro
+batch), or ``--micro_batch``. On CPU: the demo
 sizes (``demo/value.gin``, ``demo/policy.gin``), fp32, micro batch 4. Reports step time
 (forward + backward + optimizer step), samples/s, peak device memory against the planner's
 prediction (where the device counts memory) and MFU: 3 x the forward's FLOPs (torch's
 FlopCounterMode; the recomputation of checkpointing not counted) over the device's bf16 dense
 peak.
 
-    python bench/real_size.py [--steps 3] [--micro_batch N] [--peak_tflops T]
+    python bench/real_size.py [--steps 3] [--micro_batch N] [--peak_tflops T] [--stages 0,2,3]
 """
 
 from __future__ import annotations
@@ -80,17 +82,30 @@ def make_batch(config, micro: int, dtype: torch.dtype, prompt_tokens: int) -> di
     return accelerator.to_device(batch, accelerator.device())
 
 
-def predicted_gib(config, micro: int, activation_gib: float) -> tuple[float, float, int]:
-    """(predicted peak GiB of model states + activations on one rank, device GiB, largest
-    micro batch the planner allows with its 4 GiB reserve)."""
+def predicted_gib(
+    config, micro: int, activation_gib: float, stage: int = 3
+) -> tuple[float, float, int]:
+    """(predicted peak GiB of model states + activations on one rank at ZeRO ``stage``, device
+    GiB, largest micro batch the planner allows with its 4 GiB reserve)."""
     counts = memory.count_parameters(memory.build_on_meta(lambda: memory.build_scaled(config)))
-    states = memory.zero3_model_states(counts, 1).planned
+    states = memory.stage_model_states(counts, 1, stage).planned
     total = accelerator.get().total_memory() / memory.GIB
     fits = memory.max_micro_batch(total, states + 4.0, activation_gib)
     return states + micro * activation_gib, total, fits
 
 
-def run(kind: str, files: list[str], args, peak: float | None) -> dict:
+def feasible_stages(kind: str, files: list[str], args) -> list[int]:
+    """``--stages``, else (device) every stage with room for one sample, (CPU) 0 and 3."""
+    if args.stages:
+        return [int(s) for s in args.stages.split(",")]
+    if accelerator.is_cpu():
+        return [0, 3]
+    config, _ = model_config(files)
+    activation = args.activation_gib or ACTIVATION_GIB[kind]
+    return [s for s in (0, 1, 2, 3) if predicted_gib(config, 1, activation, s)[2] >= 1]
+
+
+def run(kind: str, files: list[str], args, peak: float | None, stage: int = 3) -> dict:
     import deepspeed
 
     from recap.engine.deepspeed_config import deepspeed_config, for_deepspeed, param_groups
@@ -101,11 +116,11 @@ def run(kind: str, files: list[str], args, peak: float | None) -> dict:
     activation = args.activation_gib or ACTIVATION_GIB[kind]
     micro = args.micro_batch or (4 if cpu else None)
     if micro is None:  # the planner's largest micro batch on this device, capped at the gin one
-        micro = max(1, min(gin_micro, predicted_gib(config, 1, activation)[2]))
+        micro = max(1, min(gin_micro, predicted_gib(config, 1, activation, stage)[2]))
     dtype = torch.float32 if cpu else torch.bfloat16
     cfg = deepspeed_config(world_size=1, max_steps=args.steps + WARMUP, micro_batch_size=micro,
                            global_batch_size=micro, precision="fp32" if cpu else "bf16",
-                           lr=1e-5, head_lr=1e-5)  # fmt: skip
+                           lr=1e-5, head_lr=1e-5, zero_stage=stage)  # fmt: skip
     ds = for_deepspeed(cfg)
     torch.manual_seed(0)
     begin = time.perf_counter()
@@ -141,13 +156,15 @@ def run(kind: str, files: list[str], args, peak: float | None) -> dict:
     accelerator.synchronize()
     step_s = (time.perf_counter() - begin) / args.steps
     measured = accelerator.memory_stats().get("memory/max_allocated_gib") if not cpu else None
-    out = {"kind": kind, "micro": micro, "step_s": step_s, "samples_s": micro / step_s,
+    out = {"kind": kind, "stage": stage, "micro": micro, "step_s": step_s,
+           "samples_s": micro / step_s,
            "tflops": flops / step_s / 1e12, "build_s": build_s, "loss": losses[-1],
            "mfu": flops / step_s / 1e12 / peak if peak else None,
            "params": sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters()),
            "peak_gib": measured, "predicted_gib": None}  # fmt: skip
     if measured is not None:
-        out["predicted_gib"], out["device_gib"], _ = predicted_gib(config, micro, activation)
+        out["predicted_gib"], out["device_gib"], _ = predicted_gib(config, micro, activation,
+                                                                   stage)  # fmt: skip
     del keepalive  # the engine and model go with this frame
     try:
         accelerator.get().empty_cache()
@@ -168,34 +185,42 @@ def main() -> None:
     )
     parser.add_argument("--peak_tflops", type=float, default=None, help="device bf16 peak")
     parser.add_argument("--only", choices=["value", "pi05"], default=None)
+    parser.add_argument("--stages", default=None, help="comma-separated ZeRO stages to run")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     distributed.init()
     name = device_name()
     peak = None if accelerator.is_cpu() else peak_tflops(name, args.peak_tflops)
     sizes = DEMO if accelerator.is_cpu() else REAL
-    results = {k: run(k, f, args, peak) for k, f in sizes.items() if args.only in (None, k)}
+    results = {}
+    for kind, files in sizes.items():
+        if args.only in (None, kind):
+            for stage in feasible_stages(kind, files, args):
+                results[f"{kind}_zero{stage}"] = run(kind, files, args, peak, stage)
     print(f"{accelerator.describe()}; {name}; peak {peak or 'n/a'} TFLOPS bf16; "
-          f"{'demo' if accelerator.is_cpu() else 'real'} sizes, 1 process, ZeRO-3")  # fmt: skip
+          f"{'demo' if accelerator.is_cpu() else 'real'} sizes, 1 process")  # fmt: skip
     print(
-        "model   params         micro  step s   samples/s  TFLOPS  MFU     peak GiB  "
+        "model   ZeRO  params         micro  step s   samples/s  TFLOPS  MFU     peak GiB  "
         "planned GiB  build s  loss"
     )
     for r in results.values():
         mfu = f"{r['mfu']:.3f}" if r["mfu"] is not None else "n/a"
         peak_gib = f"{r['peak_gib']:.1f}" if r["peak_gib"] is not None else "n/a"
         planned = f"{r['predicted_gib']:.1f}" if r["predicted_gib"] is not None else "n/a"
-        print(f"{r['kind']:7s} {r['params']:>13,}  {r['micro']:5d}  {r['step_s']:7.3f}  "
+        print(f"{r['kind']:7s} {r['stage']:4d}  {r['params']:>13,}  {r['micro']:5d}  "
+              f"{r['step_s']:7.3f}  "
               f"{r['samples_s']:9.2f}  {r['tflops']:6.2f}  {mfu:6s}  {peak_gib:>8s}  "
               f"{planned:>11s}  {r['build_s']:7.1f}  {r['loss']:.4g}")  # fmt: skip
 
-    def fmt(kind: str, key: str, spec: str) -> str:
-        value = results.get(kind, {}).get(key)
+    def fmt(value, spec: str) -> str:
         return "n/a" if value is None else format(value, spec)
 
-    print(f"RESULT: device={accelerator.name()} value_step_s={fmt('value', 'step_s', '.3f')} "
-          f"pi05_step_s={fmt('pi05', 'step_s', '.3f')} value_mfu={fmt('value', 'mfu', '.3f')} "
-          f'pi05_mfu={fmt("pi05", "mfu", ".3f")} target="report" met=yes')  # fmt: skip
+    fields = " ".join(
+        f"{name}_step_s={fmt(r['step_s'], '.3f')} {name}_samples_s={fmt(r['samples_s'], '.2f')} "
+        f"{name}_mfu={fmt(r['mfu'], '.3f')} {name}_peak_gib={fmt(r['peak_gib'], '.1f')}"
+        for name, r in results.items()
+    )
+    print(f'RESULT: device={accelerator.name()} {fields} target="report" met=yes')
 
 
 if __name__ == "__main__":

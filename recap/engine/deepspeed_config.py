@@ -59,6 +59,12 @@ def _precision(precision: str) -> dict[str, Any]:
     return {"bf16": {"enabled": True}} if bf16 else {}
 
 
+def _fused() -> dict[str, bool]:
+    """torch AdamW's one-kernel (fused) step where the accelerator has it (CUDA); elsewhere
+    torch's own default (foreach where the device supports it)."""
+    return {"fused": True} if accelerator.name() == accelerator.CUDA else {}
+
+
 def async_io_missing() -> str | None:
     """Why DeepSpeed's ``async_io`` op, through which ZeRO-3 swaps parameters to NVMe, cannot
     load on this machine, as one clause (None: prebuilt with ``DS_BUILD_AIO=1``, or buildable at
@@ -185,7 +191,7 @@ def deepspeed_config(
         "train_micro_batch_size_per_gpu": micro_batch_size,
         "gradient_accumulation_steps": accumulation,
         "gradient_clipping": gradient_clipping,
-        "optimizer": {"type": "AdamW", "params": {**adam, "torch_adam": True}},
+        "optimizer": {"type": "AdamW", "params": {**adam, "torch_adam": True, **_fused()}},
         "zero_optimization": _zero(
             zero_stage, offload_optimizer, param_persistence_threshold, param_section
         ),

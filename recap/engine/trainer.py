@@ -94,23 +94,25 @@ class Stopwatch:
 
 
 class MetricSums:
-    """Per-example values averaged over examples, 0-d values over micro-batches, across ranks."""
+    """Per-example values averaged over examples, 0-d values over micro-batches, across ranks.
+
+    ``add`` never waits for the device: each value's sum stays a device tensor until ``reduce``
+    (at a log step) brings them all to the host at once."""
 
     def __init__(self):
-        self.sums: dict[str, float] = {}
+        self.sums: dict[str, list[torch.Tensor]] = {}
         self.counts: dict[str, float] = {}
 
     def add(self, name: str, value: torch.Tensor | float) -> None:
-        value = torch.as_tensor(value).detach().float()
-        self.sums[name] = self.sums.get(name, 0.0) + float(value.sum())
+        value = torch.as_tensor(value).detach()
+        self.sums.setdefault(name, []).append(value.float().sum())
         self.counts[name] = self.counts.get(name, 0.0) + (value.numel() if value.dim() else 1)
 
     def reduce(self) -> dict[str, float]:
         """Mean of each metric over all ranks (a collective: call on every rank)."""
         keys = sorted(self.sums)
-        packed = torch.tensor(
-            [self.sums[k] for k in keys] + [self.counts[k] for k in keys], dtype=torch.float64
-        )
+        sums = [float(torch.stack([v.cpu() for v in self.sums[k]]).double().sum()) for k in keys]
+        packed = torch.tensor(sums + [self.counts[k] for k in keys], dtype=torch.float64)
         total = distributed.all_reduce_sum(packed)
         self.sums.clear()
         self.counts.clear()
@@ -167,6 +169,8 @@ class Trainer:
         self.group_names = group_names or []
         self.accumulation = config["gradient_accumulation_steps"]
         self.sums, self.timer = MetricSums(), Stopwatch()
+        self.window: float | None = None  # when the timing window opened (perf_counter)
+        self.window_steps, self.paused = 0, 0.0
         self.last_train: dict[str, float] = {}
         self.last_eval: dict[str, float] = {}
 
@@ -184,7 +188,8 @@ class Trainer:
     def train_step(self, step: int, batches: Iterator[dict]) -> None:
         """One optimizer step: ``accumulation`` micro-batches forward/backward, then step."""
         accelerator.seed_everything(step_seed(self.opts.seed, step, distributed.rank()))
-        begin = time.perf_counter()
+        if self.window is None:  # the first step since the last log: the timing window opens
+            self.window, self.window_steps, self.paused = time.perf_counter(), 0, 0.0
         for _ in range(self.accumulation):
             batch = accelerator.to_device(next(batches), accelerator.device())
             loss, metrics = self.engine(batch)
@@ -197,9 +202,8 @@ class Trainer:
             self.ema.update()
         norm = self.engine.get_global_grad_norm()
         if norm is not None:
-            self.sums.add("grad_norm", float(norm))
-        accelerator.synchronize()
-        self.timer.add("step", time.perf_counter() - begin)
+            self.sums.add("grad_norm", norm)
+        self.window_steps += 1
 
     def _due(self, step: int, every: int) -> bool:
         return step == self.opts.max_steps or (every > 0 and step % every == 0)
@@ -207,6 +211,13 @@ class Trainer:
     def maybe_log(self, step: int, progress: tqdm | None = None) -> None:
         if not self._due(step, self.opts.log_every):
             return
+        # one wait for the device per log, not per step: the window's wall time over its steps,
+        # less evaluation and checkpoint time spent inside it
+        accelerator.synchronize()
+        if self.window is not None and self.window_steps:
+            elapsed = time.perf_counter() - self.window - self.paused
+            self.timer.add("step", elapsed / self.window_steps)
+        self.window = None
         metrics = {f"train/{k}": v for k, v in self.sums.reduce().items()}
         for name, lr in zip(self.group_names, self.engine.get_lr()):
             metrics[f"lr/{name}"] = float(lr)
@@ -221,6 +232,12 @@ class Trainer:
         self.record(step, metrics)
         if progress is not None:
             progress.set_postfix(loss=f"{metrics.get('train/loss', float('nan')):.4g}")
+
+    def _outside_window(self, work: Callable[[int], None], step: int) -> None:
+        """``work(step)``, its wall time kept out of the step timing."""
+        begin = time.perf_counter()
+        work(step)
+        self.paused += time.perf_counter() - begin
 
     def maybe_evaluate(self, step: int) -> None:
         if self.eval_data is None or not self._due(step, self.opts.eval_every):
@@ -247,6 +264,9 @@ class Trainer:
             self.tracker.log_figure(fig, f"plots/{name}_step_{step:07d}.png")
         self.last_eval = metrics
         self.record(step, metrics)
+
+    def log_config(self, step: int) -> None:
+        self.tracker.log_text(gin.operative_config_str(), "config/operative_config.gin")
 
     def maybe_save(self, step: int) -> None:
         if self._due(step, self.opts.save_every):
@@ -281,10 +301,10 @@ class Trainer:
         for step in progress:
             self.train_step(step, batches)
             if step == start + 1:
-                self.tracker.log_text(gin.operative_config_str(), "config/operative_config.gin")
+                self._outside_window(self.log_config, step)
             self.maybe_log(step, progress)
-            self.maybe_evaluate(step)
-            self.maybe_save(step)
+            self._outside_window(self.maybe_evaluate, step)
+            self._outside_window(self.maybe_save, step)
         progress.close()
         step = max(start, self.opts.max_steps)
         path = ckpt.export(self.engine, self.opts.run_dir, step, self.ema)
