@@ -61,6 +61,18 @@ $(LEROBOT_STAMP): setup.py
 test-lerobot: $(LEROBOT_STAMP)
 	$(LEROBOT_PY) -m pytest -q tests/lerobot
 
+# Meta-World (recap.envs.metaworld: the `metaworld` extra, ~45 MB of wheels) into .venv, then its
+# tests; rendering on a CPU needs OSMesa (apt-get install -y libosmesa6; MUJOCO_GL=egl on a GPU).
+# Without them the tests skip in `make test`; .ci/run installs both, so CI runs them.
+METAWORLD_STAMP := $(VENV)/.recap-metaworld
+.PHONY: test-metaworld
+$(METAWORLD_STAMP): $(STAMP)
+	$(PY) -m pip install -q -c constraints-cpu.txt -e '.[metaworld]'
+	touch $(METAWORLD_STAMP)
+
+test-metaworld: $(METAWORLD_STAMP)
+	$(PY) -m pytest -q tests/envs/test_metaworld.py
+
 # The documentation site into site/ (tests/test_docs.py builds it strictly in `make test`).
 docs: $(STAMP)
 	$(VENV)/bin/mkdocs build --strict --site-dir site

@@ -59,6 +59,10 @@ setup(
         # No `lerobot` extra: no recap code imports it (recap reads and writes its formats itself);
         # `make test-lerobot` installs lerobot[pi,dataset]==0.6.1 beside recap to prove them equal.
         "viz": ["matplotlib>=3.7"],
+        # Meta-World MT1 (recap.envs.metaworld): every scene asset and a scripted expert per task;
+        # MuJoCo renders on a CPU through OSMesa (apt-get install -y libosmesa6). metaworld
+        # imports `packaging` without declaring it. `make test-metaworld`.
+        "metaworld": ["metaworld>=3.1.1", "mujoco>=3.3.0", "packaging"],
         # The documentation site (mkdocs.yml; `make docs`, tests/test_docs.py builds it strictly).
         "docs": [
             "mkdocs>=1.6",
