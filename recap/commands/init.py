@@ -101,7 +101,7 @@ def describe(name: str, dataset: LocalDataset, spec: DatasetSpec) -> tuple[list[
     if len(chosen) > NUM_CAMERAS:  # base first, then up to two wrist cameras
         bases = [c for c in chosen if not is_wrist(c)]
         wrists = [c for c in chosen if is_wrist(c)]
-        chosen = ([*bases[:1], *wrists[:2]] + [c for c in chosen if c not in wrists])[:NUM_CAMERAS]
+        chosen = list(dict.fromkeys([*bases[:1], *wrists[:2], *chosen]))[:NUM_CAMERAS]
     key_map = spec_key_map(dataclasses.replace(spec, cameras=tuple(chosen)), info, show=False)
     tasks = list(dataset.tasks.values())
     lines = [

@@ -154,7 +154,7 @@ def spec_key_map(
         cams = key_map.cameras
         bases = [c for c in cams if not is_wrist(c)]
         wrists = [c for c in cams if is_wrist(c)]
-        pick = ([*bases[:1], *wrists[:2]] + [c for c in cams if c not in wrists])[:slots]
+        pick = list(dict.fromkeys([*bases[:1], *wrists[:2], *cams]))[:slots]
         example = ", ".join(f'"{c}"' for c in pick)
         raise DatasetError(located(info_path, f"{len(cams)} cameras ({', '.join(cams)}) for the "
                                    f"model's {slots} slots ({', '.join(SLOT_ROLES[:slots])}); "
