@@ -47,7 +47,7 @@ RANGE_FILE = "return_range.json"
 
 
 def training_return_range(specs: list[DatasetSpec], tag: str) -> ReturnRange:
-    """Global return range of the training datasets (SPEC: min of mins, max of maxes)."""
+    """Global return range of the training datasets (docs/spec.md §3: min of mins, max of maxes)."""
     ranges = []
     for spec in specs:
         _, stats = read_returns(spec.root, tag)

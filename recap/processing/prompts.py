@@ -1,6 +1,6 @@
 """The π0.5 prompt, written once: task text, advantage label, binned state, in a named style.
 
-Prompts (SPEC "Step 4", ``docs`` spec page): conditional ``"{task}\\nAdvantage: positive"`` (or
+Prompts (docs/spec.md §6): conditional ``"{task}\\nAdvantage: positive"`` (or
 ``negative``), unconditional = the plain task. π0.5 writes the task (``clean_prompt``: stripped,
 ``_`` and newlines to spaces, as openpi, so RLinf's ``"{task}\\nAdvantage: positive"`` reads
 ``"{task} Advantage: positive"``) and, with a state, its 256 bins (``discretize_state``) into one

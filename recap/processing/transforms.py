@@ -381,9 +381,9 @@ def write_word_tokenizer(
 
 def frames_to_images(frames: torch.Tensor, train: bool) -> torch.Tensor:
     """uint8[B, C, S, S, 3] camera slots -> float32[B, C, 3, S, S] in [-1, 1] on the frames'
-    device; ``train``: the SPEC / openpi augmentation (95% crop + ±5° rotation on slot 0, the
-    base camera; colour jitter on every slot; slots 1-2 are wrist cameras). The value model and
-    the policy both call this on their device, so loaders ship uint8."""
+    device; ``train``: the augmentation of docs/spec.md §6 and openpi (95% crop + ±5° rotation
+    on slot 0, the base camera; colour jitter on every slot; slots 1-2 are wrist cameras). The
+    value model and the policy both call this on their device, so loaders ship uint8."""
     batch, cams = frames.shape[:2]
     unit = frames.flatten(0, 1).permute(0, 3, 1, 2).float() / 255.0
     if train:
