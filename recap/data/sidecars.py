@@ -66,20 +66,26 @@ SOURCE = "source"
 SOURCE_KEY = b"recap.source"  # the same record in an advantages sidecar's parquet metadata
 
 
-def dataset_source(root: str | os.PathLike) -> dict:
-    """{"num_frames", "num_episodes", "data_digest"} of the dataset at ``root`` as it is now."""
-    from recap.data.lerobot import LocalDataset
+def dataset_source(root: str | os.PathLike, ds=None, num_frames: int | None = None) -> dict:
+    """{"num_frames", "num_episodes", "data_digest"} of the dataset at ``root`` as it is now.
 
-    with LocalDataset(root) as ds:
-        digest = hashlib.sha256()
-        for path in ds.data_files:
-            digest.update(path.relative_to(ds.root).as_posix().encode() + b"\0")
-            digest.update(_footer(path))
-        return {
-            "num_frames": ds.num_frames,
-            "num_episodes": ds.num_episodes,
-            "data_digest": "sha256:" + digest.hexdigest(),
-        }
+    ``ds``: the dataset already open (its metadata and file list are not read again);
+    ``num_frames``: the rows just read from all its data files (their footers are then hashed,
+    never parsed a second time)."""
+    if ds is None:
+        from recap.data.lerobot import LocalDataset
+
+        with LocalDataset(root) as opened:
+            return dataset_source(root, opened, num_frames)
+    digest = hashlib.sha256()
+    for path in ds.data_files:
+        digest.update(path.relative_to(ds.root).as_posix().encode() + b"\0")
+        digest.update(_footer(path))
+    return {
+        "num_frames": ds.num_frames if num_frames is None else int(num_frames),
+        "num_episodes": ds.num_episodes,
+        "data_digest": "sha256:" + digest.hexdigest(),
+    }
 
 
 def _footer(path: Path) -> bytes:

@@ -71,6 +71,9 @@ def returns_for_dataset(
         episodes = ds.check_frames(table)
         ds.check_layout(episodes)  # data, meta/episodes and info.json agree on the frames
         prompts = ds.task_text_array(table.column(C.TASK_INDEX).to_numpy())
+        # what readers compare against (stale sidecars), from the open dataset: its rows were
+        # all just read, so their count needs no second pass over the footers
+        source = dataset_source(spec.root, ds, num_frames=table.num_rows)
     try:
         sidecar = add_returns(
             table,
@@ -84,7 +87,7 @@ def returns_for_dataset(
     except RecapError as exc:
         raise DatasetError(located(spec.root / "data", str(exc))) from exc
     stats = _stats(spec, sidecar, gamma, failure_reward, outcome)
-    stats[SOURCE] = dataset_source(spec.root)  # what readers compare against (stale sidecars)
+    stats[SOURCE] = source
     return ReturnsResult(spec, sidecar, stats)
 
 
