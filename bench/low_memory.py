@@ -7,7 +7,7 @@ allocates them (float32 master partitions + Adam moments, ``memory.optimizer_foo
 the step time relative to full fine-tuning in the same run. Then the memory planner's prediction
 at the real sizes (``recap.engine.memory.plan_recipes``, parameters counted on the meta device
 with peft's adapters) for 1 x 24 GB and 8 x 32 GB, from the activations measured for the LIBERO
-plan (README "Real sizes and memory": π0.5 0.938 GiB per sample with gradient checkpointing, of
+plan (docs/hardware/memory.md: π0.5 0.938 GiB per sample with gradient checkpointing, of
 which the SigLIP tower 0.690 GiB, not checkpointed).
 
     DS_ACCELERATOR=cpu python bench/low_memory.py [--steps 5]

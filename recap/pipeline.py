@@ -809,7 +809,7 @@ def summary_metrics(report: dict[str, dict]) -> dict[str, float]:
 ONE_SEED = (
     "closed-loop success above: one training seed on one machine, an anecdote, not "
     "evidence; RECAP vs BC over seeds with 95% intervals: python bench/recap_vs_bc.py "
-    "(README, 'RECAP vs behaviour cloning')"
+    "(docs/results/recap-vs-bc.md)"
 )
 
 
