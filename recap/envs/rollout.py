@@ -13,12 +13,23 @@ expert action)`` holds the expert takes over for ``takeover_steps`` steps; those
 the expert's action and ``is_correction = True`` (Step 3 forces them positive, as the paper
 does: ``compute_advantages.correction_column``), and the agent's remaining plan is dropped, so it
 replans from where the expert left off.
+
+Sharding: with ``sharded=True`` under a launched world (``recap.engine.distributed.init()``;
+the launcher training uses, e.g. ``deepspeed --num_gpus 2``), rank r of W runs episodes
+r, r + W, r + 2W, ... (:func:`shard`) with its own environments, and the ranks merge: every
+rank gets the same outcomes (``episode_outcomes`` / ``evaluate``), and ``collect`` writes one
+dataset (rank 0 writes it from the episodes every rank left in ``.<out_dir>.shards`` beside
+``out_dir``, a directory all ranks must see). An episode depends only on its seed and the
+policy, so the merged result is the unsharded run's for the same seeds (for a policy that maps
+the same observations to the same actions, whatever else shares its batch).
 """
 
 from __future__ import annotations
 
 import collections
 import json
+import pickle
+import shutil
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,17 +101,20 @@ def run_episodes(
     drift: Drift | None = None,
     takeover_steps: int = 5,
     record: bool = False,
+    indices: Sequence[int] | None = None,
 ) -> Iterator[Result]:
     """Run episodes ``seed .. seed + num_episodes - 1`` (module docstring); yields each as it
     finishes (not in index order). ``record``: keep the frames (``Result.episode``): frame t holds
-    the observation before step t and the action executed at it."""
+    the observation before step t and the action executed at it. ``indices``: run only these
+    episodes (a rank's :func:`shard`), in that order."""
     if replan_steps < 1:
         raise ValueError(f"replan_steps={replan_steps}: execute at least one action per chunk")
     if takeover_steps < 1:
         raise ValueError(f"takeover_steps={takeover_steps}: an expert takes at least one step")
-    envs = make_envs(envs, min(num_envs, max(num_episodes, 1)))[: max(num_episodes, 1)]
+    order = list(range(num_episodes)) if indices is None else [int(k) for k in indices]
+    envs = make_envs(envs, min(num_envs, max(len(order), 1)))[: max(len(order), 1)]
     drift = drift if drift is not None else ActionDrift()
-    slots, pending = [_Slot() for _ in envs], iter(range(num_episodes))
+    slots, pending = [_Slot() for _ in envs], iter(order)
 
     def start(i: int) -> bool:
         k = next(pending, None)
@@ -158,6 +172,36 @@ def _episode(frames: list[tuple[Observation, np.ndarray, bool]], success: bool) 
     )
 
 
+def shard(num_episodes: int, rank: int, world_size: int) -> list[int]:
+    """The episodes rank ``rank`` of ``world_size`` runs: k with k % world_size == rank (round
+    robin, so every rank gets early and late seeds alike)."""
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"shard: rank {rank} of world_size {world_size}; need 0 <= rank < "
+                         "world_size")  # fmt: skip
+    return list(range(rank, num_episodes, world_size))
+
+
+def world(sharded: bool) -> tuple[int, int]:
+    """(rank, world size) a sharded run uses: the launched process group's, else (0, 1)."""
+    if not sharded:
+        return 0, 1
+    from recap.engine import distributed
+
+    if distributed.env_world_size() > 1 and not distributed.is_initialized():
+        raise RuntimeError("sharded=True under a launcher: call recap.engine.distributed.init() "
+                           "first, so the ranks can merge their episodes")  # fmt: skip
+    return distributed.rank(), distributed.world_size()
+
+
+def _merge_sum(values: np.ndarray) -> np.ndarray:
+    """int64 ``values`` summed over the ranks (this rank's own when there is one)."""
+    import torch
+
+    from recap.engine import distributed
+
+    return distributed.all_reduce_sum(torch.from_numpy(values)).numpy()
+
+
 def episode_outcomes(
     policy: BatchedPolicy,
     envs: EnvSource,
@@ -165,12 +209,22 @@ def episode_outcomes(
     seed: int = 0,
     replan_steps: int = 1,
     num_envs: int = 8,
+    sharded: bool = False,
 ) -> np.ndarray:
-    """bool[num_episodes]: the success of episode k (seed ``seed + k``) at position k."""
-    won = np.zeros(num_episodes, dtype=bool)
-    for result in run_episodes(policy, envs, num_episodes, seed, replan_steps, num_envs):
-        won[result.index] = result.success
-    return won
+    """bool[num_episodes]: the success of episode k (seed ``seed + k``) at position k;
+    ``sharded``: this rank runs its :func:`shard` and every rank returns the merged outcomes."""
+    rank, size = world(sharded)
+    mine = shard(num_episodes, rank, size)
+    won = np.zeros((2, num_episodes), dtype=np.int64)  # [success, ran]
+    for result in run_episodes(policy, envs, num_episodes, seed, replan_steps, num_envs,
+                               indices=mine):  # fmt: skip
+        won[:, result.index] = (int(result.success), 1)
+    if size > 1:
+        won = _merge_sum(won)
+    if not (won[1] == 1).all():
+        raise RuntimeError(f"episode_outcomes: episodes {np.flatnonzero(won[1] != 1).tolist()} "
+                           "ran on no rank or on several")  # fmt: skip
+    return won[0].astype(bool)
 
 
 def evaluate(
@@ -181,14 +235,16 @@ def evaluate(
     betas: Sequence[float] = (1.0,),
     replan_steps: int = 1,
     num_envs: int = 8,
+    sharded: bool = False,
 ) -> dict[str, Any]:
     """Success rate per guidance strength: ``{"success": {"beta_1": rate, ...}, "outcomes":
     {"beta_1": [0/1 per episode], ...}}``; ``policy_at(beta)`` is the batched policy at beta
-    (e.g. :class:`recap.envs.policy.ChunkAdapter`), every beta on the same seeded episodes."""
+    (e.g. :class:`recap.envs.policy.ChunkAdapter`), every beta on the same seeded episodes;
+    ``sharded``: the episodes split over the ranks, the same result on every rank."""
     success, outcomes = {}, {}
     for beta in betas:
         won = episode_outcomes(policy_at(float(beta)), envs, num_episodes, seed, replan_steps,
-                               num_envs)  # fmt: skip
+                               num_envs, sharded)  # fmt: skip
         key = f"beta_{float(beta):g}"
         success[key] = float(won.mean()) if num_episodes else 0.0
         outcomes[key] = won.astype(int).tolist()
@@ -214,6 +270,7 @@ def collect(
     image_dtype: str = "video",
     overwrite: bool = False,
     record: Mapping[str, Any] | None = None,
+    sharded: bool = False,
 ) -> dict[str, Any]:
     """Run ``num_episodes`` episodes of ``policy`` (corrected by ``expert`` when given; module
     docstring) and write them, in episode order, as a new LeRobot v3.0 dataset at ``out_dir``
@@ -223,16 +280,54 @@ def collect(
     run directory). Returns ``write_lerobot_dataset``'s summary plus ``corrections`` (frames)
     and ``corrected_episodes``. The dataset appears whole or not at all (``write_lerobot_dataset``
     renames it into place), and the record is written atomically just after it.
+
+    ``sharded``: each rank runs its :func:`shard` and leaves its episodes in
+    ``.<out_dir name>.shards`` beside ``out_dir``; rank 0 writes the dataset from them in episode
+    order (the same files as the unsharded run) and removes them; every rank returns the summary.
     """
-    made = make_envs(envs, min(num_envs, max(num_episodes, 1)))
-    spec = made[0].spec
+    rank, size = world(sharded)
+    if size > 1:
+        return _collect_sharded(rank, size, policy, envs, num_episodes, seed, out_dir, expert,
+                                drift, takeover_steps, replan_steps, num_envs, naming,
+                                image_dtype, overwrite, record)  # fmt: skip
+    return _collect(policy, envs, num_episodes, seed, out_dir, expert, drift, takeover_steps,
+                    replan_steps, num_envs, naming, image_dtype, overwrite, record)  # fmt: skip
+
+
+def _collect(
+    policy: BatchedPolicy,
+    envs: EnvSource,
+    num_episodes: int,
+    seed: int,
+    out_dir: str | Path,
+    expert: Controller | None,
+    drift: Drift | None,
+    takeover_steps: int,
+    replan_steps: int,
+    num_envs: int,
+    naming: str,
+    image_dtype: str,
+    overwrite: bool,
+    record: Mapping[str, Any] | None,
+    episodes: Callable[[], Iterator[Result]] | None = None,
+    spec: Any = None,
+) -> dict[str, Any]:
+    """``collect`` in one process; ``episodes``/``spec``: the finished results and the env spec
+    when they come from elsewhere (the sharded run's rank 0)."""
+    if episodes is None:
+        made = make_envs(envs, min(num_envs, max(num_episodes, 1)))
+        spec = made[0].spec
+
+        def episodes() -> Iterator[Result]:
+            return run_episodes(policy, made, num_episodes, seed, replan_steps, num_envs, expert,
+                                drift, takeover_steps, record=True)  # fmt: skip
+
     counts = {"corrections": 0, "corrected_episodes": 0}
 
     def ordered() -> Iterator[Episode]:
         done: dict[int, Result] = {}
         following = 0
-        for result in run_episodes(policy, made, num_episodes, seed, replan_steps, num_envs,
-                                   expert, drift, takeover_steps, record=True):  # fmt: skip
+        for result in episodes():
             counts["corrections"] += result.corrections
             counts["corrected_episodes"] += result.corrections > 0
             done[result.index] = result
@@ -255,3 +350,68 @@ def _write_record(path: Path, record: dict) -> None:
     from recap.data.sidecars import write_atomic
 
     write_atomic({path: lambda p: p.write_text(json.dumps(record, indent=2) + "\n")})
+
+
+def _collect_sharded(
+    rank: int,
+    size: int,
+    policy: BatchedPolicy,
+    envs: EnvSource,
+    num_episodes: int,
+    seed: int,
+    out_dir: str | Path,
+    expert: Controller | None,
+    drift: Drift | None,
+    takeover_steps: int,
+    replan_steps: int,
+    num_envs: int,
+    naming: str,
+    image_dtype: str,
+    overwrite: bool,
+    record: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    from recap.engine import distributed
+
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not overwrite:  # every rank stops, none waits for rank 0
+        raise FileExistsError(f"{out_dir}: already exists; pass overwrite=True to replace it")
+    shards = out_dir.parent / f".{out_dir.name}.shards"
+    if rank == 0:
+        shutil.rmtree(shards, ignore_errors=True)
+        shards.mkdir(parents=True)
+    distributed.barrier()
+    mine = shard(num_episodes, rank, size)
+    made = make_envs(envs, min(num_envs, max(len(mine), 1)))
+    spec = made[0].spec
+    for result in run_episodes(policy, made, num_episodes, seed, replan_steps, num_envs, expert,
+                               drift, takeover_steps, record=True, indices=mine):  # fmt: skip
+        path = shards / f"episode-{result.index:06d}.pkl"
+        with open(path.with_suffix(".tmp"), "wb") as f:
+            pickle.dump(result, f, protocol=pickle.HIGHEST_PROTOCOL)
+        path.with_suffix(".tmp").replace(path)
+    distributed.barrier()
+    if rank == 0:
+        try:
+
+            def episodes() -> Iterator[Result]:
+                for k in range(num_episodes):
+                    with open(shards / f"episode-{k:06d}.pkl", "rb") as f:
+                        yield pickle.load(f)
+
+            summary = _collect(policy, envs, num_episodes, seed, out_dir, expert, drift,
+                               takeover_steps, replan_steps, num_envs, naming, image_dtype,
+                               overwrite, record, episodes=episodes, spec=spec)  # fmt: skip
+            (shards / "summary.json").write_text(json.dumps(summary))
+        finally:
+            distributed.barrier()
+        summary_text = (shards / "summary.json").read_text()
+    else:
+        distributed.barrier()
+        summary_path = shards / "summary.json"
+        if not summary_path.is_file():
+            raise RuntimeError(f"collect: rank 0 did not write {out_dir}; see its log")
+        summary_text = summary_path.read_text()
+    distributed.barrier()
+    if rank == 0:
+        shutil.rmtree(shards, ignore_errors=True)
+    return json.loads(summary_text)

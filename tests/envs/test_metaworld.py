@@ -7,6 +7,7 @@ tests read images only where they check them.
 """
 
 import importlib.util
+import json
 import os
 from ctypes.util import find_library
 from types import SimpleNamespace
@@ -221,4 +222,95 @@ def test_demonstrations_stop_with_one_line_when_the_expert_fails():
     assert str(err.value) == (
         "generate_episodes: only 0 of 2 reach-v3 episodes succeeded in 2 tries (noise=0.0); "
         "lower the noise or raise max_steps"
+    )
+
+
+SHARDED = """
+import json, sys
+from pathlib import Path
+
+import numpy as np
+
+from recap.engine import distributed
+from recap.envs import ActionDrift, batched, collect, evaluate
+from recap.envs.metaworld import MetaWorldEnv, MetaWorldExpert
+
+out = Path(sys.argv[-1])  # the launcher adds --local_rank first
+distributed.init()
+rank = distributed.rank()
+expert = MetaWorldExpert("reach-v3")
+evaluation = evaluate(lambda beta: batched(expert), lambda: MetaWorldEnv("reach-v3", max_steps=37,
+                      image_size=16), 4, seed=7, betas=(1.0,), num_envs=2, sharded=True)
+(out / f"evaluate.rank{rank}.json").write_text(json.dumps(evaluation))
+summary = collect(lambda obs: np.zeros((len(obs["task"]), 4)),
+                  lambda: MetaWorldEnv("reach-v3", max_steps=6, image_size=16), 3, 7,
+                  out / "sharded", expert=expert, drift=ActionDrift(0.5), takeover_steps=2,
+                  num_envs=2, sharded=True)
+(out / f"collect.rank{rank}.json").write_text(json.dumps(summary))
+distributed.shutdown()
+"""
+
+
+@needs_metaworld
+def test_sharded_evaluation_and_collection_match_the_unsharded_run(tmp_path):
+    """Two real ranks (``deepspeed --num_gpus 2`` on the CPU) each run their share of the
+    episodes; the merged outcomes and the collected dataset are the unsharded run's."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from recap.engine.distributed import free_port
+    from recap.envs import ActionDrift, collect, evaluate
+    from tests.helpers import launch_env, tree_hashes
+
+    script = tmp_path / "sharded.py"
+    script.write_text(SHARDED)
+    deepspeed = str(Path(sys.executable).with_name("deepspeed"))
+    cmd = [deepspeed, "--num_gpus", "2", "--master_port", str(free_port()), str(script),
+           str(tmp_path)]  # fmt: skip
+    done = subprocess.run(cmd, cwd=tmp_path, env=launch_env(tmp_path), capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+    expert = MetaWorldExpert("reach-v3")
+    factory = lambda: MetaWorldEnv("reach-v3", max_steps=37, image_size=16)  # noqa: E731
+    alone = evaluate(lambda beta: batched(expert), factory, 4, seed=7, num_envs=2)
+    assert alone["outcomes"] == {"beta_1": [1, 1, 0, 0]}  # 37, 36, 38 and 49 expert steps
+    for rank in (0, 1):
+        assert json.loads((tmp_path / f"evaluate.rank{rank}.json").read_text()) == alone
+
+    summary = collect(lambda obs: np.zeros((len(obs["task"]), 4)),
+                      lambda: MetaWorldEnv("reach-v3", max_steps=6, image_size=16), 3, 7,
+                      tmp_path / "alone", expert=expert, drift=ActionDrift(0.5),
+                      takeover_steps=2, num_envs=2)  # fmt: skip
+    assert (summary["episodes"], summary["frames"], summary["successes"]) == (3, 18, 0)
+    assert summary["corrections"] > 0
+    for rank in (0, 1):
+        merged = json.loads((tmp_path / f"collect.rank{rank}.json").read_text())
+        assert merged | {"path": ""} == summary | {"path": ""}
+    assert tree_hashes(tmp_path / "sharded") == tree_hashes(tmp_path / "alone")
+    assert not (tmp_path / ".sharded.shards").exists()
+
+
+def test_shards_split_the_episodes_round_robin(monkeypatch):
+    from recap.envs import ReachTask
+    from recap.envs.rollout import run_episodes, shard, world
+    from recap.envs.synthetic import reach_expert
+
+    assert [shard(5, r, 2) for r in (0, 1)] == [[0, 2, 4], [1, 3]]
+    assert [shard(2, r, 3) for r in (0, 1, 2)] == [[0], [1], []]
+    with pytest.raises(ValueError, match=r"^shard: rank 2 of world_size 2; need 0 <= rank <"):
+        shard(4, 2, 2)
+    policy = batched(reach_expert())
+    full = {r.index: (r.success, r.steps) for r in run_episodes(policy, ReachTask, 5, seed=3)}
+    odd = {r.index: (r.success, r.steps)
+           for r in run_episodes(policy, ReachTask, 5, seed=3, indices=shard(5, 1, 2))}  # fmt: skip
+    assert sorted(odd) == [1, 3] and odd == {k: full[k] for k in (1, 3)}
+    assert world(False) == (0, 1) and world(True) == (0, 1)  # no launcher: one rank
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(RuntimeError) as err:
+        world(True)
+    assert str(err.value) == (
+        "sharded=True under a launcher: call recap.engine.distributed.init() first, so the "
+        "ranks can merge their episodes"
     )
