@@ -1,4 +1,4 @@
-"""Per-rank memory plan of a ZeRO-3 run: model states, activations and a verdict.
+"""Per-rank memory plan of a run: model states, activations, a verdict and the auto ZeRO stage.
 
 Model states (bytes per parameter, partitioned over ``ranks``): bf16 parameters 2 (every
 parameter), bf16 gradients 2 and fp32 master weights + Adam m, v 12 (trainable parameters
@@ -13,6 +13,13 @@ Recipes (``RECIPES``, ``plan_recipes``): full fine-tuning, + optimizer offload, 
 trainable count on the meta device, ``recipe_counts``), LoRA + frozen vision (the SigLIP
 activations removed), parameter offload; per recipe the largest micro batch and the predicted
 GiB per rank, and for the configured recipe when it misses, the cheapest one that fits.
+
+``zero_stage = "auto"`` (``choose``, ``auto_stage``): model states per ZeRO stage 0-3
+(``stage_model_states``) with or without the optimizer / parameter offload, activations with
+checkpointing on or off, each at the largest micro batch that fits and keeps the global batch,
+ranked by a relative throughput model (``STAGE_SPEED`` and the factors beside it: OpenTau's
+measured ZeRO-3 / ZeRO-2 ratio, recomputation's extra forward, host offload); the configured
+trained parameters first, LoRA only when none of their configurations fits.
 
 Activations are the bytes autograd keeps for backward (``saved_tensors_hooks``; parameters
 excluded), measured on CPU at batch 1 with the real widths and sequence lengths but depth 1/2 per
