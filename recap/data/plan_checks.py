@@ -91,10 +91,8 @@ class PlanChecks:
     def _infos(self, specs: Iterable[DatasetSpec]) -> dict[str, dict]:
         infos = {}
         for spec in specs:
-            if not (spec.root / "meta" / "info.json").is_file():  # written later (iterations)
-                self.note(f"dataset {spec.name}: no {spec.root}/meta/info.json yet; checked when "
-                          "its step reads it")  # fmt: skip
-                continue
+            if not (spec.root / "meta" / "info.json").is_file():
+                continue  # written later (an iteration's rollouts): its step reads and checks it
             try:
                 infos[spec.name] = LocalDataset(spec.root).info
             except DatasetError as exc:
