@@ -46,6 +46,7 @@ naming the fix.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import warnings
@@ -213,8 +214,27 @@ class MetaWorldEnv:
         return self.observe(raw), success, success or self.steps >= self.max_steps
 
     def close(self) -> None:
-        self.renderer.close()
-        self.env.close()
+        """Free the renderer and the simulator (idempotent; also when garbage-collected).
+
+        The renderer's GL objects are freed with its own context current: MuJoCo's
+        ``Renderer.close`` frees them in whichever context is current, which deletes the
+        textures of another environment's renderer (its frames then come out wrong)."""
+        renderer, self.renderer = getattr(self, "renderer", None), None
+        if renderer is not None:
+            gl = getattr(renderer, "_gl_context", None)
+            mjr = getattr(renderer, "_mjr_context", None)
+            if gl is not None and mjr is not None:
+                gl.make_current()
+                mjr.free()
+                renderer._mjr_context = None
+            renderer.close()
+        env, self.env = getattr(self, "env", None), None
+        if env is not None:
+            env.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # interpreter shutdown: modules may be gone
+            self.close()
 
 
 @dataclass
@@ -341,24 +361,40 @@ def write_metaworld_datasets(
     seed: int = 0,
     rollout_max_steps: int = 150,
     overwrite: bool = False,
+    workers: int = 1,
     **kwargs: Any,
 ) -> dict[str, dict[str, Any]]:
     """``root/sft``: successful expert demonstrations (noise :data:`DEMO_NOISE`); ``root/rollout``:
     the expert with noise :data:`ROLLOUT_NOISE` and ``rollout_max_steps`` (failure-rich), on
-    seeds disjoint from the demonstrations'. Existing datasets are kept unless ``overwrite``;
-    returns name -> summary (``{"path", "written": False}`` for a kept one)."""
+    seeds disjoint from the demonstrations'. Existing datasets are kept unless ``overwrite``
+    (the cache); ``workers`` > 1 writes the two in separate processes (the same files: each
+    depends on its seeds alone). Returns name -> summary (``{"path", "written": False}`` for a
+    kept one); ``kwargs`` go to :func:`write_metaworld_dataset`."""
     jobs: Sequence[tuple[str, dict[str, Any]]] = (
         ("sft", dict(num_episodes=demo_episodes, seed=seed, noise=DEMO_NOISE,
                      successes_only=True)),
         ("rollout", dict(num_episodes=rollout_episodes, seed=seed + 1_000_000,
                          noise=ROLLOUT_NOISE, max_steps=rollout_max_steps)),
     )  # fmt: skip
-    out = {}
-    for name, job in jobs:
-        path = Path(root) / name
-        if path.exists() and not overwrite:
-            out[name] = {"path": str(path), "written": False}
-            continue
-        summary = write_metaworld_dataset(path, env_name, overwrite=overwrite, **(kwargs | job))
+    out = {name: {"path": str(Path(root) / name), "written": False} for name, _ in jobs}
+    todo = [(name, kwargs | job) for name, job in jobs
+            if overwrite or not Path(out[name]["path"]).exists()]  # fmt: skip
+    paths = [Path(root) / name for name, _ in todo]
+    if workers > 1 and len(todo) > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        context = multiprocessing.get_context("spawn")  # no forked GL or video-codec state
+        with ProcessPoolExecutor(min(workers, len(todo)), mp_context=context) as pool:
+            futures = [pool.submit(_write_job, p, env_name, overwrite, job)
+                       for p, (_, job) in zip(paths, todo)]  # fmt: skip
+            summaries = [f.result() for f in futures]
+    else:
+        summaries = [_write_job(p, env_name, overwrite, job) for p, (_, job) in zip(paths, todo)]
+    for (name, _), summary in zip(todo, summaries):
         out[name] = summary | {"written": True}
     return out
+
+
+def _write_job(path: Path, env_name: str, overwrite: bool, job: dict[str, Any]) -> dict[str, Any]:
+    return write_metaworld_dataset(path, env_name, overwrite=overwrite, **job)

@@ -28,6 +28,7 @@ from recap.envs.metaworld import (
     write_metaworld_datasets,
 )
 from recap.errors import RecapError
+from tests.helpers import tree_hashes
 
 GL = os.environ.get("MUJOCO_GL", "osmesa")
 MISSING = (
@@ -143,6 +144,26 @@ def test_seeded_resets_are_reproducible():
 
 
 @needs_metaworld
+def test_a_freed_environment_leaves_the_others_frames_alone():
+    import gc
+
+    keep = MetaWorldEnv("reach-v3", image_size=16)
+    before = keep.reset(7)["images"]["image"]
+    other = MetaWorldEnv("reach-v3", image_size=16)
+    other.reset(7)
+    keep.render("image")  # keep's GL context is the current one when other goes
+    del other
+    gc.collect()
+    assert np.array_equal(keep.reset(7)["images"]["image"], before)
+    closed = MetaWorldEnv("reach-v3", image_size=16)
+    closed.reset(7)
+    keep.render("image")
+    closed.close()
+    closed.close()  # idempotent
+    assert np.array_equal(keep.reset(7)["images"]["image"], before)
+
+
+@needs_metaworld
 def test_scripted_expert_solves_reach():
     env = MetaWorldEnv("reach-v3", lazy_images=True)  # the expert reads the state: no renders
     expert = MetaWorldExpert("reach-v3")
@@ -212,6 +233,12 @@ def test_demonstrations_and_rollouts_round_trip(tmp_path):
     assert np.array_equal(state, np.stack(states)) and np.array_equal(action, np.stack(actions))
     again = write_metaworld_datasets(tmp_path, "reach-v3", demo_episodes=1, rollout_episodes=2)
     assert [v["written"] for v in again.values()] == [False, False]  # kept, not rewritten
+    parallel = write_metaworld_datasets(tmp_path / "parallel", "reach-v3", demo_episodes=1,
+                                        rollout_episodes=2, seed=0, rollout_max_steps=6,
+                                        image_size=16, workers=2)  # fmt: skip
+    assert parallel["sft"] | {"path": ""} == summary["sft"] | {"path": ""}
+    for name in ("sft", "rollout"):  # two processes write the bytes one does
+        assert tree_hashes(tmp_path / "parallel" / name) == tree_hashes(tmp_path / name)
 
 
 @needs_metaworld
@@ -261,7 +288,7 @@ def test_sharded_evaluation_and_collection_match_the_unsharded_run(tmp_path):
 
     from recap.engine.distributed import free_port
     from recap.envs import ActionDrift, collect, evaluate
-    from tests.helpers import launch_env, tree_hashes
+    from tests.helpers import launch_env
 
     script = tmp_path / "sharded.py"
     script.write_text(SHARDED)
