@@ -204,8 +204,8 @@ def test_the_summary_reads_as_before_the_stages_were_objects(demo):
         "evaluate_baseline  ran      18 s  success beta 1: 0.25, beta 2: 0.30 (100 episodes)  "
         f"                    {BASELINE}",
         "closed-loop success above: one training seed on one machine, an anecdote, not evidence; "
-        "RECAP vs BC over seeds with 95% intervals: python bench/recap_vs_bc.py (README, 'RECAP "
-        "vs behaviour cloning')",
+        "RECAP vs BC over seeds with 95% intervals: python bench/recap_vs_bc.py "
+        "(docs/results/recap-vs-bc.md)",
         "compare runs: mlflow ui --backend-store-uri sqlite:///mlflow.db   (experiment "
         "'pipeline': one run per pipeline configuration)",
     ]
