@@ -9,7 +9,7 @@ and with ``state_in_prompt`` the normalized state binned into the text) in ``pro
 ``openpi`` or ``lerobot``, whose token ids are those systems' own for the same task, state and
 advantage text.
 
-Conditioning (SPEC "Step 4"): labels come from ``meta/advantages_{tag}.parquet`` by
+Conditioning (docs/spec.md §6): labels come from ``meta/advantages_{tag}.parquet`` by
 (episode_index, frame_index); a frame without a label is a one-line error naming the file and the
 frame. ``paper``: every frame gets its label's text, dropped to the plain prompt with probability
 0.3; ``positive_only_conditional`` (RLinf): positives get the positive text except with

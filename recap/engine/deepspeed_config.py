@@ -2,7 +2,7 @@
 
 ``deepspeed_config(world_size=..., max_steps=...)`` returns a plain dict: DeepSpeed's own keys plus
 one ``"recap"`` section (head learning rate, head parameter patterns, LR schedule) that the engine
-applies itself and strips before handing the rest to DeepSpeed. Defaults follow SPEC Step 2:
+applies itself and strips before handing the rest to DeepSpeed. Defaults follow docs/spec.md §4:
 torch AdamW, betas (0.9, 0.95), eps 1e-8, weight decay 1e-10, lr 5e-5 backbone / 1e-4 head,
 linear warmup then constant, global-norm clipping 1.0, ZeRO stage 3.
 
