@@ -7,8 +7,9 @@ Layouts, each with the processor it carries or implies:
   ``model.safetensors``; nothing else is read.
 - **LeRobot** π0.5 directories (``config.json`` with ``type: pi05``, the normalizer files): sizes,
   ``num_inference_steps``, ``tokenizer_max_length``, the image resolution and the camera slots
-  (its VISUAL ``input_features``, in order) from ``config.json``, LeRobot's quantile formula and
-  prompt style, statistics from the normalizer.
+  (its VISUAL ``input_features``, in order) from ``config.json``, LeRobot's quantile formula,
+  prompt style, plain prompt (conditioning ``none``) and bilinear resize, statistics from the
+  normalizer.
 - **openpi** directories and training checkpoints: ``assets/<asset_id>/norm_stats.json``, openpi's
   formula and prompt style, 10 sampling steps.
 - **older recap runs** without ``processor.json``: the processor is rebuilt once from the run's
@@ -38,7 +39,8 @@ from recap.errors import RecapError
 from recap.processing.cameras import NUM_CAMERAS
 from recap.processing.normalize import LEROBOT_FORMULA, OPENPI_FORMULA
 from recap.processing.pi05 import GUIDANCE, Pi05Processor, check_guidance, read_policy_processor
-from recap.processing.prompts import LEROBOT, OPENPI, PLAIN
+from recap.processing.prompts import LEROBOT, NONE, OPENPI, PLAIN
+from recap.processing.transforms import RESIZE_BILINEAR
 
 log = logs.get(__name__)
 
@@ -117,7 +119,11 @@ def foreign_processor(
     lerobot = _lerobot_config(path)
     fields = {"normalization": OPENPI_FORMULA, "prompt_style": OPENPI}
     if lerobot is not None or str(found).endswith(".safetensors"):
-        fields = {"normalization": LEROBOT_FORMULA, "prompt_style": LEROBOT}
+        # LeRobot's PI05 pipeline: its quantile formula and prompt, the plain prompt it trains
+        # on (no advantage label: one branch, beta 1) and resize_with_pad_torch (bilinear, no
+        # antialiasing)
+        fields = {"normalization": LEROBOT_FORMULA, "prompt_style": LEROBOT,
+                  "conditioning": NONE, "resize": RESIZE_BILINEAR}  # fmt: skip
     cameras = lerobot_cameras(lerobot)
     if 0 < len(cameras) <= NUM_CAMERAS:  # LeRobot's slots: its image features, in order
         fields["cameras"] = cameras

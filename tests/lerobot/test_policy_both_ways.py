@@ -314,9 +314,9 @@ def test_a_lerobot_checkpoint_serves_and_evaluates_as_lerobot_runs_it(
     from recap.serve.policy import ServeSpec
 
     tokenizer = str(paligemma_offline)
-    # LeRobot trains on the plain prompt; its files do not say so: conditioning is passed
-    model, processor = load_policy(lerobot_checkpoint, tokenizer=tokenizer, conditioning="none")
+    model, processor = load_policy(lerobot_checkpoint, tokenizer=tokenizer)
     assert (processor.normalization, processor.num_steps) == ("lerobot", 3)
+    assert (processor.conditioning, processor.resize) == ("none", "bilinear")  # plain prompt
     assert LEROBOT_FORMULA == "lerobot" and processor.prompt_style == "lerobot"
     assert processor.max_length == 200  # config.json's tokenizer_max_length
     assert processor.cameras == LEROBOT_CAMERAS != tuple(slot_order(LEROBOT_CAMERAS))
@@ -344,11 +344,19 @@ def test_a_lerobot_checkpoint_serves_and_evaluates_as_lerobot_runs_it(
     assert np.abs(openpi[1] - theirs[1]).max() < 1e-4  # same bins: only the epsilon
     # recap's own camera rule (base first) swaps LeRobot's slots
     assert np.abs(evaluated(processor.replace(cameras=())) - theirs).max() > 1e-3
+    # the advantage label RECAP policies are served with is another prompt
+    assert np.abs(evaluated(processor.replace(conditioning="paper")) - theirs).max() > 1e-3
+    # cameras not at model size: LeRobot's bilinear resize; recap packs them as uint8
+    # (pack_cameras), which rounds each pixel by up to 0.5 / 255
+    ours_obs, theirs_obs = raw_observation(7, states, (40, 56))
+    theirs = lerobot_pipeline(lerobot_checkpoint, theirs_obs, noise)
+    assert np.abs(evaluated(processor) - theirs).max() < 1e-3
+    assert np.abs(evaluated(processor.replace(resize="antialias")) - theirs).max() > 5e-3
+    ours_obs, theirs_obs = raw_observation(7, states)
 
-    served = load_served(lerobot_checkpoint, tokenizer=tokenizer, conditioning="none",
-                         device="cpu", spec=ServeSpec(image_keys=LEROBOT_CAMERAS,
-                                                      state_key=STATE_KEY))  # fmt: skip
-    assert (served.num_steps, served.processor.normalization) == (3, "lerobot")
+    spec = ServeSpec(image_keys=LEROBOT_CAMERAS, state_key=STATE_KEY)
+    served = load_served(lerobot_checkpoint, tokenizer=tokenizer, device="cpu", spec=spec)
+    assert (served.num_steps, served.processor.normalization, served.beta) == (3, "lerobot", 1.0)
     for row in range(2):
         request = {c: ours_obs["images"][c][row] for c in CAMERAS}
         request |= {STATE_KEY: states[row], "prompt": ours_obs["task"][row], "noise_seed": 5}
