@@ -3,6 +3,7 @@
     recap-serve --policy runs/libero_policy --tokenizer /models/paligemma_tokenizer.model
     recap-serve --policy runs/demo_policy --gin_file demo/policy.gin --beta 2
     RECAP_SERVE_API_KEY=... recap-serve --policy DIR --host 0.0.0.0     # any non-loopback address
+    recap-serve --policy DIR --record runs/robot_episodes   # each episode a LeRobot v3.0 dataset
 
 Robot code connects with ``openpi_client.websocket_client_policy.WebsocketClientPolicy(host,
 port, api_key=KEY)`` and calls ``infer(obs)``. Binds 127.0.0.1 by default; any other address
@@ -72,6 +73,18 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="refuse images that are not image_size x image_size (default: resized with padding)",
     )
+    add("--record", default=None, metavar="DIR",
+        help="write each connection's episode as a LeRobot v3.0 dataset DIR/episode_NNNNNN "
+        "(appends on restart; see recap.serve.record)")  # fmt: skip
+    add(
+        "--record-max-gib",
+        type=float,
+        default=10.0,
+        help="recording cap: episodes that would take DIR past it are dropped (default 10)",
+    )
+    add("--record-max-frames", type=int, default=5000,
+        help="longest recorded episode; a longer one is dropped (default 5000)")  # fmt: skip
+    add("--record-fps", type=int, default=10, help="fps written to the recorded datasets")
     add("--max-prompt-chars", type=int, default=512)
     add("--max-tokens", type=int, default=200, help="longest built prompt in tokens")
     add("--max-batch", type=int, default=8, help="requests per forward (1: no batching)")
@@ -109,12 +122,16 @@ def check_args(args: argparse.Namespace) -> str | None:
         "--max-prompt-chars": (args.max_prompt_chars, 1),
         "--max-tokens": (args.max_tokens, 2),
         "--max-batch": (args.max_batch, 1),
+        "--record-max-frames": (args.record_max_frames, 1),
+        "--record-fps": (args.record_fps, 1),
     }
     for flag, (value, low) in limits.items():
         if value < low:
             raise RecapError(f"{flag}: {value:g} must be >= {low}")
     if not 0 < args.max_frame_mib <= 1024:
         raise RecapError(f"--max-frame-mib: {args.max_frame_mib:g} must be in (0, 1024]")
+    if not args.record_max_gib > 0:
+        raise RecapError(f"--record-max-gib: {args.record_max_gib:g} must be > 0")
     if args.batch_wait_ms < 0:
         raise RecapError(f"--batch-wait-ms: {args.batch_wait_ms:g} must be >= 0")
     return key
@@ -159,13 +176,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             conditioning=args.conditioning, dtype=args.dtype, beta=args.beta,
             guidance=args.guidance, num_steps=args.num_steps, spec=spec, seed=args.seed,
         )  # fmt: skip
+        record = None
+        if args.record is not None:
+            from pathlib import Path
+
+            from recap.serve.record import GIB, RecordConfig
+
+            record = RecordConfig(
+                Path(args.record), max_bytes=int(args.record_max_gib * GIB),
+                max_frames=args.record_max_frames, fps=args.record_fps,
+            )  # fmt: skip
         config = ServerConfig(
             host=args.host, port=args.port, api_key=key,
             max_frame_bytes=int(args.max_frame_mib * MIB), max_connections=args.max_connections,
             max_connections_per_address=args.max_connections_per_address,
             idle_timeout_s=args.idle_timeout, ping_interval_s=args.ping_interval,
             ping_timeout_s=args.ping_timeout, max_batch=args.max_batch,
-            batch_wait_ms=args.batch_wait_ms,
+            batch_wait_ms=args.batch_wait_ms, record=record,
         )  # fmt: skip
         logging.getLogger("recap.serve").info("%s", describe(policy))
         if key is None and not is_loopback(args.host):

@@ -55,7 +55,17 @@ from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
 from recap.serve.policy import Prepared, RequestError, ServedPolicy
-from recap.serve.wire import WireError, pack, unpack
+from recap.serve.record import (
+    EPISODE_END,
+    EXECUTED,
+    SUCCESS,
+    EpisodeBuffer,
+    RecordConfig,
+    Recorder,
+    RecordError,
+    flag,
+)
+from recap.serve.wire import WireError, find_bad, pack, unpack
 
 log = logging.getLogger("recap.serve")
 MIB = 2**20
@@ -74,6 +84,7 @@ class ServerConfig:
     ping_interval_s: float = 20.0
     ping_timeout_s: float = 20.0
     close_timeout_s: float = 5.0
+    record: RecordConfig | None = None  # --record DIR: each connection's episode (record.py)
     max_batch: int = 8
     batch_wait_ms: float = 5.0
     shutdown_timeout_s: float = 60.0
@@ -100,7 +111,15 @@ class PolicyServer:
             "max_batch": self.config.max_batch,
             "batch_wait_ms": self.config.batch_wait_ms,
             "api_key_required": self.config.api_key is not None,
+            "recording": self.config.record is not None,
         }
+        self.recorder: Recorder | None = None
+        if self.config.record is not None:
+            keep = ("checkpoint", "beta", "guidance", "num_steps", "action_horizon")
+            self.metadata["record_max_frames"] = self.config.record.max_frames
+            self.recorder = Recorder(self.config.record, policy.spec,
+                                     {k: self.metadata.get(k) for k in keep})  # fmt: skip
+        self._record_thread = ThreadPoolExecutor(1, thread_name_prefix="recap-serve-record")
         self._expected = (
             None if self.config.api_key is None else f"Api-Key {self.config.api_key}".encode()
         )
@@ -163,6 +182,7 @@ class PolicyServer:
         self._per_address[address] += 1
         log.info("connected %s (%d open)", peer, len(self._connections))
         idle = self.config.idle_timeout_s or None
+        episode = self.recorder.start(peer) if self.recorder is not None else None
         try:
             await connection.send(pack(self.metadata))
             prev_total_ms = None
@@ -178,7 +198,9 @@ class PolicyServer:
                 start = time.monotonic()
                 self._in_flight += 1
                 try:
-                    reply = await self._answer(frame, peer, prev_total_ms)
+                    reply, obs, actions = await self._answer(frame, peer, prev_total_ms, episode)
+                    if episode is not None and actions is not None:
+                        episode.add(obs, actions)
                     await connection.send(reply)
                 finally:
                     self._in_flight -= 1
@@ -189,6 +211,9 @@ class PolicyServer:
             log.info("closed %s (code %s%s)", peer, code, f": {reason}" if reason else "")
         finally:
             self._release(connection, address)
+            if episode is not None and len(episode):  # closed without episode_end
+                loop = asyncio.get_running_loop()
+                await loop.run_in_executor(self._record_thread, episode.end, None)
 
     def _release(self, connection: ServerConnection, address: str) -> None:
         if connection in self._connections:
@@ -197,19 +222,31 @@ class PolicyServer:
             if self._per_address[address] <= 0:
                 del self._per_address[address]
 
-    async def _answer(self, frame: bytes | str, peer: str, prev_total_ms: float | None):
-        """The reply frame: packed actions and timings, or one line of text for a refusal."""
+    async def _answer(
+        self, frame: bytes | str, peer: str, prev_total_ms: float | None,
+        episode: EpisodeBuffer | None = None,
+    ) -> tuple[bytes | str, dict | None, np.ndarray | None]:  # fmt: skip
+        """``(reply frame, decoded request, actions)``: packed actions and timings, or one line
+        of text for a refusal (no actions), or the reply to an ``episode_end``."""
         if self._stopping:
-            return "server: shutting down"
+            return "server: shutting down", None, None
         if isinstance(frame, str):
             return self._refuse(peer, "frame: expected a binary msgpack frame, got text")
         try:
-            request = await asyncio.to_thread(self._prepare, frame)
-        except (WireError, RequestError) as exc:
+            obs, request = await asyncio.to_thread(self._prepare, frame, episode)
+        except (WireError, RequestError, RecordError) as exc:
             return self._refuse(peer, str(exc))
         except Exception:
             log.exception("request from %s failed validation unexpectedly", peer)
-            return "server: the request could not be read (see the server log)"
+            return "server: the request could not be read (see the server log)", None, None
+        if request is None:  # episode_end (recording servers only)
+            frames = len(episode)
+            executed = obs.get(EXECUTED)
+            executed = None if executed is None else np.asarray(executed, np.float32)
+            name = await asyncio.get_running_loop().run_in_executor(
+                self._record_thread, episode.end, bool(obs.get(SUCCESS, False)), executed
+            )
+            return pack({"episode_end": True, "episode": name, "frames": frames}), obs, None
         job = _Job(request, asyncio.get_running_loop().create_future(), time.monotonic())
         self._pending.append(job)
         self._wakeup.set()
@@ -217,7 +254,7 @@ class PolicyServer:
             actions, infer_ms, batch_size, started = await job.future
         except Exception:
             log.exception("inference failed for %s", peer)
-            return "server: inference failed (see the server log)"
+            return "server: inference failed (see the server log)", None, None
         server_timing = {"infer_ms": infer_ms}
         if prev_total_ms is not None:
             server_timing["prev_total_ms"] = prev_total_ms
@@ -226,17 +263,24 @@ class PolicyServer:
             "queue_ms": (started - job.queued) * 1000.0,
             "batch_size": batch_size,
         }
-        return pack(
-            {"actions": actions, "server_timing": server_timing, "policy_timing": policy_timing}
-        )
+        reply = {"actions": actions, "server_timing": server_timing, "policy_timing": policy_timing}
+        return pack(reply), obs, actions
 
-    def _prepare(self, frame: bytes) -> Prepared:
-        return self.policy.prepare(unpack(frame))
+    def _prepare(self, frame: bytes, episode: EpisodeBuffer | None) -> tuple[dict, Prepared | None]:
+        obs = unpack(frame)
+        if episode is not None:  # the recording keys; an episode_end carries no observation
+            bad = find_bad(obs)
+            if bad is not None:
+                raise RequestError(bad[0] or "frame", bad[1].reason)
+            episode.check(obs, self.policy.action_dim)
+            if flag(obs, EPISODE_END):
+                return obs, None
+        return obs, self.policy.prepare(obs)
 
     @staticmethod
-    def _refuse(peer: str, line: str) -> str:
+    def _refuse(peer: str, line: str) -> tuple[str, None, None]:
         log.warning("refused request from %s: %s", peer, line)
-        return line
+        return line, None, None
 
     # ---- batching -------------------------------------------------------------------------
 
@@ -315,6 +359,9 @@ class PolicyServer:
             await server.wait_closed()
             batcher.cancel()
             self._model_thread.shutdown(wait=True)
+            self._record_thread.shutdown(wait=True)  # episodes of closed connections written
+            if self.recorder is not None:
+                self.recorder.close()
 
     def shutdown(self) -> None:
         """Stop (thread-safe): finish the requests in flight, then close."""
