@@ -10,6 +10,12 @@ called in-process on the same observation (atol 1e-5; batched rows are padded, w
 float32 results by rounding only). One torch intra-op thread (see ``main``). Reported:
 per-request latency p50 / p99 as the client sees it, actions/s (replies x horizon / wall time),
 dropped and wrong replies, and the batched / unbatched throughput ratio.
+
+Recording overhead: the batched run again with ``--record`` (``ServerConfig.record``), each
+client ending an episode every ``--episode-length`` requests (``RobotClient.end_episode``: the
+server writes it as a LeRobot v3.0 dataset, mp4 cameras, while serving); the latency of the
+``infer`` requests with / without recording is the overhead (the ``end_episode`` round trips,
+which wait for the write, are reported apart as the write time per episode).
 """
 
 from __future__ import annotations
@@ -23,7 +29,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-TARGET = "8 clients x 50 requests on loopback, none dropped or wrong; batching >= 1.5x actions/s"
+TARGET = (
+    "8 clients x 50 requests on loopback, none dropped or wrong; batching >= 1.5x "
+    "actions/s; --record adds <= 25% to the p50 latency"
+)
 VISION = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
           "num_attention_heads": 2, "image_size": 64, "patch_size": 8}  # fmt: skip
 TEXT = {"vocab_size": 32, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
@@ -62,15 +71,18 @@ def observation(seed: int) -> dict:
     }
 
 
-def load(served, expected: dict, clients: int, requests: int, max_batch: int) -> dict:
-    from openpi_client.websocket_client_policy import WebsocketClientPolicy
-
+def load(served, expected: dict, clients: int, requests: int, max_batch: int,
+         record: Path | None = None, episode_length: int = 10) -> dict:  # fmt: skip
+    from recap.serve.client import RobotClient
+    from recap.serve.record import RecordConfig, recorded_episodes
     from recap.serve.server import BackgroundServer, ServerConfig
 
-    latencies, wrong, errors = [], [], []
-    config = ServerConfig(port=0, max_batch=max_batch, batch_wait_ms=5.0, max_connections=64)
+    latencies, wrong, errors, writes = [], [], [], []
+    config = ServerConfig(port=0, max_batch=max_batch, batch_wait_ms=5.0, max_connections=64,
+                          max_connections_per_address=64,
+                          record=RecordConfig(record) if record is not None else None)  # fmt: skip
     with BackgroundServer(served, config) as server:
-        policies = [WebsocketClientPolicy("127.0.0.1", server.port) for _ in range(clients)]
+        policies = [RobotClient("127.0.0.1", server.port) for _ in range(clients)]
         barrier = threading.Barrier(clients + 1)
 
         def run(c: int) -> None:
@@ -86,6 +98,11 @@ def load(served, expected: dict, clients: int, requests: int, max_batch: int) ->
                 latencies.append(time.perf_counter() - start)
                 if not np.allclose(actions, expected[seed], rtol=0, atol=1e-5):
                     wrong.append(seed)
+                if record is not None and (i + 1) % episode_length == 0:
+                    start = time.perf_counter()
+                    if policies[c].end_episode(True)["episode"] is None:
+                        errors.append(f"client {c}: episode not recorded")
+                    writes.append(time.perf_counter() - start)
 
         threads = [threading.Thread(target=run, args=(c,)) for c in range(clients)]
         for t in threads:
@@ -97,7 +114,8 @@ def load(served, expected: dict, clients: int, requests: int, max_batch: int) ->
         wall = time.perf_counter() - start
         batches = list(server.server.batches)
         for policy in policies:
-            policy._ws.close()
+            policy.close()
+    recorded = len(recorded_episodes(record)) if record is not None else 0
     ms = np.array(latencies) * 1e3
     return {
         "replies": len(latencies), "dropped": clients * requests - len(latencies),
@@ -105,7 +123,8 @@ def load(served, expected: dict, clients: int, requests: int, max_batch: int) ->
         "p50": float(np.percentile(ms, 50)) if len(ms) else float("nan"),
         "p99": float(np.percentile(ms, 99)) if len(ms) else float("nan"),
         "actions_s": len(latencies) * served.horizon / wall,
-        "mean_batch": float(np.mean(batches)) if batches else 0.0,
+        "mean_batch": float(np.mean(batches)) if batches else 0.0, "recorded": recorded,
+        "write_ms": float(np.mean(writes) * 1e3) if writes else 0.0,
     }  # fmt: skip
 
 
@@ -113,6 +132,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--requests", type=int, default=50)
+    parser.add_argument("--episode-length", type=int, default=10)
     args = parser.parse_args()
     from recap.serve.load import load_served
 
@@ -126,17 +146,26 @@ def main() -> None:
         expected = {s: served.infer(observation(s))["actions"] for s in range(total)}
         print(f"reference: {total} in-process calls in {time.perf_counter() - start:.1f} s")
         results = {}
-        for name, max_batch in (("unbatched", 1), ("batched", 8)):
-            r = load(served, expected, args.clients, args.requests, max_batch)
+        runs = (("unbatched", 1, None), ("batched", 8, None),
+                ("recorded", 8, Path(tmp) / "recorded"))  # fmt: skip
+        for name, max_batch, record in runs:
+            r = load(served, expected, args.clients, args.requests, max_batch, record,
+                     args.episode_length)  # fmt: skip
             results[name] = r
             print(f"{name:>9} (max_batch {max_batch}): {r['replies']}/{total} replies, "
                   f"{r['dropped']} dropped, {r['wrong']} wrong, p50 {r['p50']:.1f} ms, "
                   f"p99 {r['p99']:.1f} ms, {r['actions_s']:.0f} actions/s, mean batch "
                   f"{r['mean_batch']:.2f}, {r['wall']:.1f} s {r['errors'] or ''}")  # fmt: skip
+        rec = results["recorded"]
+        episodes = args.clients * (args.requests // args.episode_length)
+        print(f"recorded {rec['recorded']}/{episodes} episodes, {rec['write_ms']:.0f} ms per "
+              "end_episode (the write)")  # fmt: skip
     u, b = results["unbatched"], results["batched"]
     ratio = b["actions_s"] / u["actions_s"]
+    overhead = rec["p50"] / b["p50"]
     clean = all(r["dropped"] == 0 and r["wrong"] == 0 for r in results.values())
-    met = "yes" if clean and ratio >= 1.5 else "no"
+    ok = clean and ratio >= 1.5 and overhead <= 1.25 and rec["recorded"] == episodes
+    met = "yes" if ok else "no"
     print(
         f"RESULT: clients={args.clients} requests={total} "
         f"dropped={u['dropped'] + b['dropped']} wrong={u['wrong'] + b['wrong']} "
@@ -144,6 +173,9 @@ def main() -> None:
         f"actions_s_unbatched={u['actions_s']:.0f} p50_ms_batched={b['p50']:.1f} "
         f"p99_ms_batched={b['p99']:.1f} actions_s_batched={b['actions_s']:.0f} "
         f"mean_batch={b['mean_batch']:.2f} batching_ratio={ratio:.2f} "
+        f"p50_ms_recorded={rec['p50']:.1f} p99_ms_recorded={rec['p99']:.1f} "
+        f"record_overhead_p50={overhead:.2f} episodes_recorded={rec['recorded']} "
+        f"write_ms_per_episode={rec['write_ms']:.0f} "
         f'target="{TARGET}" met={met}'
     )
 

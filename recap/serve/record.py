@@ -113,6 +113,7 @@ class RecordConfig:
     max_frames: int = 5000
     fps: int = 10
     codec: str = "libx264"
+    preset: str = "veryfast"  # the encoder runs beside the model: cheap, crf 18 all the same
     robot_type: str = "recap-serve"
 
 
@@ -265,6 +266,15 @@ class Recorder:
         log.info("recording into %s: %d episodes there, %.3f GiB of %g GiB", root,
                  len(existing), self._used / GIB, config.max_bytes / GIB)  # fmt: skip
 
+    @staticmethod
+    def lower_priority() -> None:
+        """Run the calling (writer) thread at nice 10, so encoding yields the CPU to the model
+        (Linux: a thread's priority is its own)."""
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+        except (AttributeError, OSError):  # not Linux, or not permitted: same priority
+            pass
+
     def start(self, peer: str) -> EpisodeBuffer:
         return EpisodeBuffer(self, peer)
 
@@ -286,6 +296,7 @@ class Recorder:
         name = f"episode_{index:06d}"
         staged = self.root / STAGING / name
         writer = WriterConfig(V30, "lerobot", "video", self.config.fps, codec=self.config.codec,
+                              preset=self.config.preset,
                               robot_type=self.config.robot_type)  # fmt: skip
         write_lerobot_dataset(staged, [episode], writer, overwrite=True)
         np.save(staged / "meta" / CHUNKS_FILE, chunks)

@@ -119,7 +119,9 @@ class PolicyServer:
             self.metadata["record_max_frames"] = self.config.record.max_frames
             self.recorder = Recorder(self.config.record, policy.spec,
                                      {k: self.metadata.get(k) for k in keep})  # fmt: skip
-        self._record_thread = ThreadPoolExecutor(1, thread_name_prefix="recap-serve-record")
+        self._record_thread = ThreadPoolExecutor(
+            1, thread_name_prefix="recap-serve-record", initializer=Recorder.lower_priority
+        )
         self._expected = (
             None if self.config.api_key is None else f"Api-Key {self.config.api_key}".encode()
         )
