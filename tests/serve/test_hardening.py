@@ -193,7 +193,7 @@ def test_the_limits_and_their_defaults_are_in_the_help():
         ("--ping-timeout", "default 20"),
         ("--max-connections", "default 16"),
     ):
-        assert default in text[text.index(flag + " "):][:160], flag  # fmt: skip
+        assert default in text[text.rindex(flag + " "):][:160], flag  # fmt: skip
     assert "--strict-shapes" in text
 
 

@@ -198,4 +198,5 @@ def test_sigterm_stops_recap_serve_cleanly(policy_dir, caplog, monkeypatch):
     thread.join(30)
     assert shapes == [(4, 5)]
     messages = [r.getMessage() for r in caplog.records if r.name == "recap.serve"]
-    assert messages[-2:] == ["shutting down (0 requests in flight left)", "stopped"]
+    assert messages[-1] == "stopped"  # the robot's close may be logged before or after this:
+    assert "shutting down (0 requests in flight left)" in messages[-3:-1]  # it races SIGTERM
