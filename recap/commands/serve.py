@@ -28,32 +28,42 @@ API_KEY_ENV = "RECAP_SERVE_API_KEY"
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The command's flags; ``--help`` says what each is, its default and its choices."""
+    from recap.cli import HelpFormatter
+
     parser = argparse.ArgumentParser(
-        prog="recap-serve", description=__doc__.splitlines()[0], allow_abbrev=False
-    )
+        prog="recap-serve", description=__doc__.splitlines()[0], allow_abbrev=False,
+        formatter_class=HelpFormatter,
+    )  # fmt: skip
     add = parser.add_argument
     add("--policy", required=True, help="exported policy directory (recap run, openpi, LeRobot)")
     add("--beta", type=float, default=1.5, help="guidance strength (per request: obs['beta'])")
     add("--host", default="127.0.0.1", help="address to bind (default loopback only)")
-    add("--port", type=int, default=8000)
+    add("--port", type=int, default=8000, help="TCP port to listen on")
     add("--api-key", default=None, help=f"required client key (prefer the {API_KEY_ENV} env var)")
     add("--insecure", action="store_true", help="allow a non-loopback bind without an API key")
     add("--tokenizer", default=None, help="tokenizer file/dir (default: the run's or DIR's own)")
     add("--gin_file", action="append", default=[], help="the run's gin files (recap run dirs)")
     add("--gin_param", action="append", default=[], help="gin binding (repeatable)")
     add("--asset-id", default=None, help="assets/<asset_id>/norm_stats.json to use")
-    add("--prompt-style", choices=("openpi", "lerobot"), default=None)
-    add("--state-in-prompt", action=argparse.BooleanOptionalAction, default=None)
-    add("--label-position", choices=("task", "action"), default=None)
-    add("--conditioning", choices=("paper", "positive_only_conditional", "none"), default=None)
-    add("--guidance", choices=("positive", "negative", "no_guide"), default="positive")
+    add("--prompt-style", choices=("openpi", "lerobot"), default=None,
+        help="prompt text style (default: the policy's processor)")  # fmt: skip
+    add("--state-in-prompt", action=argparse.BooleanOptionalAction, default=None,
+        help="binned state in the prompt (default: the policy's processor)")  # fmt: skip
+    add("--label-position", choices=("task", "action"), default=None,
+        help="where the advantage text goes (default: the policy's processor)")  # fmt: skip
+    add("--conditioning", choices=("paper", "positive_only_conditional", "none"), default=None,
+        help="how the policy was trained on labels (default: the policy's processor)")  # fmt: skip
+    add("--guidance", choices=("positive", "negative", "no_guide"), default="positive",
+        help="the prompt whose velocity is contrasted with the plain one")  # fmt: skip
     add("--num-steps", type=int, default=None, help="flow-matching steps (default: the model's)")
-    add("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
+    add("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
+        help="weights' precision on the device")  # fmt: skip
     add("--seed", type=int, default=0, help="seed of the noise of requests without noise_seed")
     add("--image-keys", default="observation/image,observation/wrist_image",
         help="camera keys in slot order (base first), comma-separated")  # fmt: skip
-    add("--state-key", default="observation/state")
-    add("--prompt-key", default="prompt")
+    add("--state-key", default="observation/state", help="request key of the robot state")
+    add("--prompt-key", default="prompt", help="request key of the task text")
     add("--max-frame-mib", type=float, default=32.0, help="largest request frame (MiB)")
     add("--max-connections", type=int, default=16, help="open connections in all (default 16)")
     add("--max-connections-per-address", type=int, default=8,
@@ -85,11 +95,11 @@ def build_parser() -> argparse.ArgumentParser:
     add("--record-max-frames", type=int, default=5000,
         help="longest recorded episode; a longer one is dropped (default 5000)")  # fmt: skip
     add("--record-fps", type=int, default=10, help="fps written to the recorded datasets")
-    add("--max-prompt-chars", type=int, default=512)
+    add("--max-prompt-chars", type=int, default=512, help="longest task text in characters")
     add("--max-tokens", type=int, default=200, help="longest built prompt in tokens")
     add("--max-batch", type=int, default=8, help="requests per forward (1: no batching)")
     add("--batch-wait-ms", type=float, default=5.0, help="how long a batch waits to fill")
-    add("--log-level", default="INFO")
+    add("--log-level", default="INFO", help="Python logging level")
     return parser
 
 
@@ -132,6 +142,8 @@ def check_args(args: argparse.Namespace) -> str | None:
         raise RecapError(f"--max-frame-mib: {args.max_frame_mib:g} must be in (0, 1024]")
     if not args.record_max_gib > 0:
         raise RecapError(f"--record-max-gib: {args.record_max_gib:g} must be > 0")
+    if args.record is not None and os.path.exists(args.record) and not os.path.isdir(args.record):
+        raise RecapError(f"--record: {args.record} is not a directory; pass a directory")
     if args.batch_wait_ms < 0:
         raise RecapError(f"--batch-wait-ms: {args.batch_wait_ms:g} must be >= 0")
     return key

@@ -267,6 +267,17 @@ def test_recap_serve_reports_a_bad_policy_without_importing_torch(tmp_path, poli
     assert out.stderr == line
 
 
+def test_a_record_path_that_is_a_file_is_one_line_before_loading(tmp_path, policy_dir, capsys,
+                                                                 no_weights):  # fmt: skip
+    from recap.commands.serve import main
+
+    (tmp_path / "file").write_text("x")
+    assert main(["--policy", str(policy_dir), "--record", str(tmp_path / "file")]) == 2
+    assert capsys.readouterr().err == (
+        f"error: --record: {tmp_path / 'file'} is not a directory; pass a directory\n"
+    )
+
+
 # ---- the stand-in π0.5 as written ---------------------------------------------------------
 
 
