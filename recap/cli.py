@@ -40,8 +40,30 @@ def packaged_gin_dir() -> Path:
 GIN_DIR = packaged_gin_dir()
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """``--help`` with each argument's default appended (``(default: X)``) unless its help
+    already states one, it is required, a flag or has no default; descriptions keep their
+    line breaks."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if (
+            "default" in text
+            or action.required
+            or action.default is None
+            or action.default is False
+            or action.default is argparse.SUPPRESS
+            or action.default == []
+            or isinstance(action, argparse._StoreConstAction | argparse._HelpAction)
+        ):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 def build_parser(description: str | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=description)
+    """The flags every gin-configured command takes (``--gin_file``, ``--gin_param``), with
+    ``HelpFormatter``; commands add their own."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=HelpFormatter)
     parser.add_argument("--gin_file", action="append", default=[], help="gin file (repeatable)")
     parser.add_argument(
         "--gin_param", action="append", default=[], help="gin binding 'a.b = v' (repeatable)"

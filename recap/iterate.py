@@ -659,14 +659,20 @@ def summary_lines(records: list[dict], uri: str, experiment: str) -> str:
     return "\n".join(lines)
 
 
+def build_parser():
+    """``recap-iterate``'s flags; ``--help`` says what each is, its default and its choices."""
+    from recap.cli import build_parser as gin_parser
+
+    parser = gin_parser("Iterative RECAP: collect with the current policy, Steps 1-4 over all "
+                        "data so far, K times; finished iterations are skipped.")  # fmt: skip
+    parser.add_argument("--dry_run", action="store_true", help="print the plan, run nothing")
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    from recap.cli import build_parser
     from recap.pipeline import exit_code
 
-    parser = build_parser("Iterative RECAP: collect with the current policy, Steps 1-4 over all "
-                          "data so far, K times; finished iterations are skipped.")  # fmt: skip
-    parser.add_argument("--dry_run", action="store_true", help="print the plan, run nothing")
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
 
     def body() -> int:
         if not args.gin_file:

@@ -947,14 +947,19 @@ def run_sweep(path: str, extra: Sequence[str], force: Sequence[str], dry: bool) 
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    from recap.cli import build_parser
+def build_parser():
+    """``recap-pipeline``'s flags; ``--help`` says what each is, its default and its choices."""
+    from recap.cli import build_parser as gin_parser
 
-    parser = build_parser("Run Steps 1-4 as one job; finished steps are skipped.")
+    parser = gin_parser("Run Steps 1-4 as one job; finished steps are skipped.")
     parser.add_argument("--force", action="append", default=[], help="rerun this stage (repeat)")
     parser.add_argument("--sweep", default=None, help="sweep YAML: one pipeline per grid point")
     parser.add_argument("--dry_run", action="store_true", help="print the plan, run nothing")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
 
     def body() -> int:
         if args.sweep:

@@ -6,12 +6,17 @@ import argparse
 
 import pytest
 
-from recap.commands import collect, import_rlinf, init, make_demo_data, sweep
+from recap import cli, iterate, pipeline
+from recap.commands import collect, import_rlinf, init, make_demo_data, plan_memory, serve, sweep
 
 
 def parsers() -> dict[str, argparse.ArgumentParser]:
     out = {"recap-collect": collect.parser(), "recap-demo-data": make_demo_data.build_parser(),
-           "recap-sweep": sweep.build_parser(), "recap-init": init.build_parser()}  # fmt: skip
+           "recap-sweep": sweep.build_parser(), "recap-init": init.build_parser(),
+           "recap-plan-memory": plan_memory.build_parser(), "recap-serve": serve.build_parser(),
+           "recap-pipeline": pipeline.build_parser(), "recap-iterate": iterate.build_parser(),
+           # recap-train, -returns, -advantages, -relabel, -evaluate (recap.cli.run_command)
+           "recap-train": cli.build_parser("a gin-configured step")}  # fmt: skip
     top = import_rlinf.build_parser()
     out["recap-import"] = top
     for action in top._actions:
@@ -66,3 +71,11 @@ def test_variant_lists_its_values_and_its_error_does_not_talk_about_gin(capsys):
         "recap-import rlinf-policy: error: argument --variant: invalid choice: 'aloha' (choose "
         "from 'pi05_base', 'pi05_droid', 'pi05_libero')"
     )
+
+
+def test_plan_memory_help_names_the_hardware_presets_and_defaults(capsys):
+    with pytest.raises(SystemExit):
+        plan_memory.parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--ranks RANKS devices (ZeRO-3 ranks) (default: 8)" in text
+    assert "24gb: 1 x 24 GiB" in text and "910b: 8 x 64 GiB" in text

@@ -28,24 +28,4 @@ choices).
 
 from __future__ import annotations
 
-import argparse
-
-
-class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """``--help`` with each argument's default appended (``(default: X)``) unless its help
-    already states one, it is required, a flag or has no default; descriptions keep their
-    line breaks."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        if (
-            "default" in text
-            or action.required
-            or action.default is None
-            or action.default is False
-            or action.default is argparse.SUPPRESS
-            or action.default == []
-            or isinstance(action, argparse._StoreConstAction | argparse._HelpAction)
-        ):
-            return text
-        return f"{text} (default: %(default)s)"
+from recap.cli import HelpFormatter  # noqa: F401  (the commands' --help formatter)

@@ -29,14 +29,16 @@ from recap.engine.memory import HARDWARE
 from recap.errors import RecapError
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--gin_file", action="append", default=[], help="gin file (repeatable)")
-    parser.add_argument("--gin_param", action="append", default=[], help="gin binding")
+def build_parser() -> argparse.ArgumentParser:
+    """The command's flags; ``--help`` says what each is, its default and its choices."""
+    from recap.cli import build_parser as gin_parser
+
+    parser = gin_parser(__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=8, help="devices (ZeRO-3 ranks)")
     parser.add_argument("--device_gb", type=float, default=64.0, help="GiB per device (910B: 64)")
+    presets = ", ".join(f"{k}: {n} x {gb:g} GiB" for k, (n, gb) in sorted(HARDWARE.items()))
     parser.add_argument("--hardware", choices=sorted(HARDWARE), default=None,
-                        help="a preset of --ranks and --device_gb")  # fmt: skip
+                        help=f"a preset of --ranks and --device_gb ({presets})")  # fmt: skip
     parser.add_argument("--micro_batch", type=int, default=None, help="default: the gin value")
     parser.add_argument("--activation_gb_per_sample", type=float, default=None,
                         help="GiB per sample as configured (with checkpointing if on); "
@@ -56,7 +58,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--cameras", type=int, default=3, help="camera slots per sample")
     parser.add_argument("--prompt_tokens", type=int, default=200, help="padded prompt length")
     parser.add_argument("--reserve_gb", type=float, default=4.0, help="buffers, fragmentation")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    args = build_parser().parse_args(argv)
     if args.hardware is not None:
         args.ranks, args.device_gb = HARDWARE[args.hardware]
     return args
