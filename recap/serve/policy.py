@@ -41,7 +41,7 @@ import torch
 
 from recap.errors import RecapError
 from recap.models.pi05 import Pi05Policy
-from recap.processing.pi05 import BRANCH_KEYS, BRANCH_LABEL, GUIDANCE, Pi05Processor
+from recap.processing.pi05 import BRANCH_KEYS, Pi05Processor, check_guidance
 from recap.processing.transforms import pad_token_rows
 from recap.serve.wire import find_bad
 
@@ -123,14 +123,8 @@ class ServedPolicy:
         seed: int = 0,
         info: dict | None = None,
     ):
-        guidance = guidance or processor.guidance
-        if guidance not in GUIDANCE:
-            raise RecapError(f"--guidance: {guidance!r} is not one of {list(GUIDANCE)}")
-        if guidance == "negative" and processor.conditioning == "positive_only_conditional":
-            raise RecapError(
-                "--guidance negative is refused for a policy trained with "
-                "positive_only_conditional (it never saw the negative prompt)"
-            )
+        guidance = check_guidance(guidance or processor.guidance, processor.conditioning,
+                                  "--guidance")  # fmt: skip
         self.spec = spec or ServeSpec()
         if len(self.spec.image_keys) > processor.num_slots or not self.spec.image_keys:
             raise RecapError(
@@ -286,10 +280,8 @@ class ServedPolicy:
         normalized = None
         if state is not None and self.processor.state_in_prompt:
             normalized = self.processor.normalize_state(state)
-        label = {branch: None if self.processor.plain_only else BRANCH_LABEL[branch]
-                 for branch in self.branches(beta)}  # fmt: skip
-        prompts = {b: self._tokens(self.processor.prompt(task, label[b], normalized))
-                   for b in label}  # fmt: skip
+        prompts = self.processor.branch_prompts(task, normalized, self.branches(beta))
+        prompts = {b: self._tokens(prompt) for b, prompt in prompts.items()}
         return Prepared(frames[0], mask[0], prompts, beta, noise)
 
     def noise(self, seed: int | None) -> torch.Tensor:
@@ -322,11 +314,8 @@ class ServedPolicy:
             group = [requests[i] for i in index]
             noise = torch.stack([self.noise(None) if p.noise is None else p.noise for p in group])
             batch = self.model_batch(group)
-            guidance = "no_guide" if self.processor.plain_only else self.guidance
-            chunk = self.model.sample_actions(
-                batch, noise.to(self.device), beta, self.num_steps, guidance=guidance
-            )
-            actions = self.processor.unnormalize_actions(chunk)
+            actions = self.processor.sample(self.model, batch, noise.to(self.device), beta,
+                                            self.num_steps, self.guidance)  # fmt: skip
             for j, i in enumerate(index):
                 out[i] = actions[j].astype(np.float32)
         return out  # type: ignore[return-value]

@@ -75,11 +75,16 @@ def test_the_lerobot_layout_and_normalizer_serve_the_same_actions(tmp_path, poli
     save_file(
         tensors, str(directory / "policy_preprocessor_step_3_normalizer_processor.safetensors")
     )
-    lerobot = load_served(directory, tokenizer=str(policy_dir), device="cpu")
+    # a recap policy in LeRobot's layout: its conditioning named (LeRobot's default is the
+    # plain prompt), images at model size (LeRobot's resize has no antialiasing)
+    lerobot = load_served(directory, tokenizer=str(policy_dir), device="cpu", beta=1.5,
+                          conditioning="paper")  # fmt: skip
     assert lerobot.metadata()["norm_stats"].endswith("normalizer_processor.safetensors")
+    obs = observation(3, noise_seed=3)
+    obs["observation/image"] = obs["observation/image"][:28, :28]
     np.testing.assert_allclose(
-        lerobot.infer(observation(3, noise_seed=3))["actions"],
-        served.infer(observation(3, noise_seed=3))["actions"],
+        lerobot.infer(obs)["actions"],
+        served.infer(obs)["actions"],
         rtol=0,
         atol=1e-5,  # the LeRobot statistics were stored as float32
     )
@@ -111,8 +116,8 @@ def test_one_line_errors(tmp_path, policy_dir):
         load_served(policy_dir, device="cpu", guidance="negative",
                     conditioning="positive_only_conditional")  # fmt: skip
     assert str(exc.value) == (
-        "--guidance negative is refused for a policy trained with positive_only_conditional (it "
-        "never saw the negative prompt)"
+        "--guidance: 'negative' is refused for a policy trained with positive_only_conditional "
+        "(it never saw the negative prompt); use 'positive' or 'no_guide'"
     )
 
 
