@@ -200,10 +200,14 @@ def load_policy(
     tokenizer: str | os.PathLike | None = None,
     asset_id: str | None = None,
     dtype: str = "float32",
+    sizes: dict | None = None,
     **overrides,
 ):
     """``(Pi05Policy in eval mode, Pi05Processor)`` of ``directory`` (see the module docstring);
-    ``overrides`` replace processor fields (an unknown one is one line)."""
+    ``overrides`` replace processor fields (an unknown one is one line). ``sizes``:
+    ``Pi05Config`` fields for an openpi / LeRobot directory whose files cannot say them (a
+    checkpoint at sizes other than its named variants', e.g. the stand-ins: the gin-bound
+    ``pi05_policy.*`` sizes)."""
     from recap.models.checkpoints import RECAP_CONFIG_FILE, load_pi05, read_config
     from recap.models.pi05 import build_pi05, pi05_policy, set_precision
 
@@ -232,7 +236,7 @@ def load_policy(
         if processor is None:
             processor = processor_from_gin(path, model.config, overrides)
     else:
-        model = load_pi05(path, dtype=DTYPES[dtype])
+        model = load_pi05(path, dtype=DTYPES[dtype], **(sizes or {}))
         if processor is None:
             processor = foreign_processor(path, model.config, tokenizer, asset_id, overrides)
     if tokenizer is not None:

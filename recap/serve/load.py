@@ -208,18 +208,10 @@ def load_served(
         from recap.models.checkpoints import read_config
 
         check_sizes(path, read_config(path, **sizes), bool(sizes))
-    if foreign and sizes and not (path / RECAP_CONFIG).is_file():
-        # load_policy's openpi / LeRobot branch with the gin-bound sizes (stand-in checkpoints)
-        from recap.models.checkpoints import load_pi05
-
-        model = load_pi05(path, dtype=loading.DTYPES[dtype], **sizes).eval()
-        processor = loading.foreign_processor(path, model.config, found_tokenizer, asset_id,
-                                              overrides)  # fmt: skip
-        processor.check_model(model.config)
-    else:
-        model, processor = loading.load_policy(
-            path, tokenizer=tokenizer, asset_id=asset_id, dtype=dtype, **overrides
-        )
+    # an openpi / LeRobot directory takes the gin-bound sizes (stand-in checkpoints)
+    sizes = sizes if foreign and not (path / RECAP_CONFIG).is_file() else None
+    model, processor = loading.load_policy(path, tokenizer=tokenizer, asset_id=asset_id,
+                                           dtype=dtype, sizes=sizes, **overrides)  # fmt: skip
     if saved is not None and str(processor.tokenizer) == str(saved.tokenizer):
         processor.use_tokenizer(saved.load_tokenizer())  # loaded once, above
     if device is None:

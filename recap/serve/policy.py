@@ -44,6 +44,7 @@ from recap.models.pi05 import Pi05Policy
 from recap.processing.pi05 import BRANCH_KEYS, Pi05Processor, check_guidance
 from recap.processing.transforms import pad_token_rows
 from recap.serve.wire import find_bad
+from recap.serve.wire import lookup as _lookup
 
 log = logging.getLogger(__name__)
 
@@ -86,18 +87,6 @@ class Prepared:
     beta: float
     noise: torch.Tensor | None  # float32[H, A] when the request carried noise_seed
     received: float = field(default_factory=time.monotonic)
-
-
-def _lookup(obs: dict, key: str) -> object:
-    """``obs[key]``, else the nested path ``obs[a][b]`` of ``key = "a/b"``; None when absent."""
-    if key in obs:
-        return obs[key]
-    node: object = obs
-    for part in key.split("/"):
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
-    return node
 
 
 def _describe(value: object) -> str:

@@ -51,6 +51,7 @@ import numpy as np
 from recap.core.thresholds import IS_CORRECTION
 from recap.data.lerobot_writer import V30, Episode, WriterConfig, write_lerobot_dataset
 from recap.errors import RecapError
+from recap.serve.wire import lookup as _lookup
 
 log = logging.getLogger("recap.serve")
 
@@ -226,18 +227,6 @@ class EpisodeBuffer:
             self._free()
             self.dropped = None
             self.task = None
-
-
-def _lookup(obs: dict, key: str) -> object:
-    """``obs[key]``, else the nested path ``obs[a][b]`` of ``key = "a/b"`` (as ``prepare``)."""
-    if key in obs:
-        return obs[key]
-    node: object = obs
-    for part in key.split("/"):
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
-    return node
 
 
 class Recorder:

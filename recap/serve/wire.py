@@ -150,3 +150,16 @@ def _default(obj: object) -> object:
 def pack(obj: object) -> bytes:
     """``obj`` (maps, lists, numbers, strings, numpy arrays/scalars) as one msgpack frame."""
     return msgpack.packb(obj, default=_default, use_bin_type=True)
+
+
+def lookup(obs: dict, key: str) -> object:
+    """``obs[key]``, else the nested path ``obs[a][b]`` of ``key = "a/b"`` (openpi's
+    flat and nested observation keys alike); None when absent."""
+    if key in obs:
+        return obs[key]
+    node: object = obs
+    for part in key.split("/"):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
