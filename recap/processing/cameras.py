@@ -18,23 +18,10 @@ def is_wrist(camera: str) -> bool:
     return "wrist" in camera.lower()
 
 
-def is_right(camera: str) -> bool:
-    """A wrist camera whose key names the right side (``cam_right_wrist``)."""
-    return is_wrist(camera) and "right" in camera.lower()
-
-
 def slot_order(cameras: Iterable[str]) -> list[str]:
     """Camera keys in slot order, THE rule (detected key maps, evaluation and serving all use
     it): base cameras first, then wrist cameras (``is_wrist``), left before right (a key naming
     ``right``), otherwise in the order given: ``["wrist_image", "image"]`` ->
     ``["image", "wrist_image"]``; ``["cam_right_wrist", "cam_left_wrist", "cam_high"]`` ->
-    ``["cam_high", "cam_left_wrist", "cam_right_wrist"]``. A right wrist camera keeps its role
-    when no left one is there: one base camera and right wrists leave the left-wrist slot
-    empty (``""``, masked): ``["cam_high", "cam_right_wrist"]`` -> ``["cam_high", "",
-    "cam_right_wrist"]``."""
-    ordered = sorted(cameras, key=lambda k: (is_wrist(k), is_right(k)))
-    bases = [k for k in ordered if not is_wrist(k)]
-    rights = [k for k in ordered if is_right(k)]
-    if len(bases) == 1 and rights and len(bases) + len(rights) == len(ordered):
-        return [bases[0], "", *rights]
-    return ordered
+    ``["cam_high", "cam_left_wrist", "cam_right_wrist"]``."""
+    return sorted(cameras, key=lambda k: (is_wrist(k), "right" in k.lower()))

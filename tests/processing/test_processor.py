@@ -21,7 +21,7 @@ from recap.loading import ChunkAdapter, PolicyAdapter, load_policy
 from recap.processing.cameras import slot_order
 from recap.processing.normalize import QuantileStats, normalize_quantile
 from recap.processing.pi05 import Pi05Processor, read_policy_processor
-from recap.processing.transforms import load_tokenizer, pack_cameras, write_word_tokenizer
+from recap.processing.transforms import load_tokenizer, write_word_tokenizer
 from recap.serve.policy import ServedPolicy, ServeSpec
 from tests.models.test_pi05 import tiny_model
 
@@ -62,22 +62,6 @@ def test_one_camera_rule_for_key_maps_and_observations():
     # detected key maps and observations without a named slot order follow the same rule
     images = [k for k in features if k.startswith("observation.images.")]
     assert detect_key_map(features).cameras == SLOTS == tuple(slot_order(images))
-
-
-def test_a_right_wrist_camera_without_a_left_one_keeps_the_right_wrist_slot():
-    assert slot_order(["cam_right_wrist", "cam_high"]) == ["cam_high", "", "cam_right_wrist"]
-    assert slot_order(["wrist_image", "image"]) == ["image", "wrist_image"]  # unsided: left slot
-    assert slot_order(["cam_right_wrist"]) == ["cam_right_wrist"]  # no base: nothing to keep
-    features = {
-        f"observation.images.{c}": {"dtype": "video"} for c in ("cam_high", "cam_right_wrist")
-    }
-    features |= {"observation.state": {"dtype": "float32"}, "action": {"dtype": "float32"}}
-    cameras = detect_key_map(features).cameras
-    assert cameras == ("observation.images.cam_high", "", "observation.images.cam_right_wrist")
-    high, right = np.full((1, 4, 4, 3), 10, np.uint8), np.full((1, 4, 4, 3), 200, np.uint8)
-    slots, masks = pack_cameras({cameras[0]: high, cameras[2]: right}, 4)
-    assert masks.tolist() == [[True, False, True]]
-    assert [int(slots[0, k].max()) for k in range(3)] == [10, 0, 200]
 
 
 def test_one_frame_is_the_same_tensors_in_training_evaluation_collection_and_serving(data):
