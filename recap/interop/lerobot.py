@@ -7,8 +7,10 @@ a zero expert head), ``OUT/config.json`` (a ``PI05Config``: ``type: pi05``, the 
 ``chunk_size``, ``max_action_dim``, ``image_resolution``, ``num_inference_steps`` and the
 ``input_features`` / ``output_features`` LeRobot builds its image and action handling from: the
 cameras in the order given, ``observation.state`` and ``action``) and ``OUT/recap_pi05.json``; the
-source's ``assets/**/norm_stats.json`` is copied along. ``DIR`` is any π0.5 directory recap reads
-(``save_pi05`` in either layout, openpi's converter output, a recap training run). The reverse
+source's ``assets/**/norm_stats.json`` is copied along, and its ``processor.json`` (how recap
+trained it: prompt, advantage label, formula) with the cameras given. ``DIR`` is any π0.5
+directory recap reads (``save_pi05`` in either layout, openpi's converter output, a recap training
+run). The reverse
 needs no command: ``load_pi05`` reads a LeRobot-saved directory (``config.json`` variants; both
 embedding tensors, of which the ``embed_tokens`` one is used).
 
@@ -98,4 +100,9 @@ def export_lerobot_policy(
         dest = out / stats.relative_to(source)
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(stats, dest)
+    from recap.processing.pi05 import read_policy_processor
+
+    processor = read_policy_processor(source)
+    if processor is not None:  # how recap trained it (prompt, label, formula), LeRobot's slots
+        processor.replace(cameras=tuple(cameras)).save(out)
     return out

@@ -64,6 +64,31 @@ def test_export_writes_lerobot_keys_config_and_stats(named_tiny, tmp_path, capsy
     assert torch.equal(back.sample_actions(batch, noise), model.sample_actions(batch, noise))
 
 
+def test_a_recap_policy_exported_to_lerobot_keeps_its_processor(named_tiny, tmp_path):
+    """A RECAP run's processor travels with the export (LeRobot's own default, the plain prompt,
+    would drop its advantage label), with the exported cameras as its slots."""
+    from recap.loading import load_policy
+    from recap.processing.pi05 import Pi05Processor
+
+    model = tiny_model()
+    ckpt.save_pi05(model, tmp_path / "src")
+    stats = {k: QuantileStats(np.zeros(n), np.ones(n)) for k, n in (("state", 8), ("action", 5))}
+    processor = Pi05Processor(tokenizer="/nowhere/tokenizer.model", action_horizon=4,
+                              state_stats=stats["state"], action_stats=stats["action"],
+                              action_dim=A, conditioning="paper", label_position="action",
+                              cameras=("image", "wrist_image"))  # fmt: skip
+    processor.for_model(model.config).save(tmp_path / "src")
+    assert _export(tmp_path / "src", tmp_path / "out") == 0
+    _, loaded = load_policy(tmp_path / "out")
+    assert (loaded.conditioning, loaded.label_position, loaded.normalization) == (
+        "paper",
+        "action",
+        "openpi",
+    )
+    assert loaded.cameras == tuple(CAMERAS)
+    assert loaded.tokenizer == "/nowhere/tokenizer.model"
+
+
 def test_export_refuses_sizes_lerobot_cannot_name(tmp_path, capsys):
     ckpt.save_pi05(tiny_model(), tmp_path / "src")
     assert _export(tmp_path / "src", tmp_path / "out") == 2
