@@ -402,8 +402,11 @@ def _collect_sharded(
                                takeover_steps, replan_steps, num_envs, naming, image_dtype,
                                overwrite, record, episodes=episodes, spec=spec)  # fmt: skip
             (shards / "summary.json").write_text(json.dumps(summary))
-        finally:
+        except BaseException:  # no dataset: the other ranks find no summary and stop too
             distributed.barrier()
+            shutil.rmtree(shards, ignore_errors=True)  # the episodes' frames are not kept
+            raise
+        distributed.barrier()
         summary_text = (shards / "summary.json").read_text()
     else:
         distributed.barrier()
