@@ -169,6 +169,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         # the directory, processor, statistics and tokenizer paths before torch is imported
         preflight(args.policy, tokenizer=args.tokenizer, dtype=args.dtype, asset_id=args.asset_id,
                   gin=bool(args.gin_file or args.gin_param))  # fmt: skip
+        if args.record is not None:  # another server's recording, before the model loads
+            from recap.serve.record import check_free
+
+            check_free(args.record)
         from recap.serve.policy import ServeSpec
         from recap.serve.server import MIB, PolicyServer, ServerConfig
 

@@ -229,6 +229,23 @@ class EpisodeBuffer:
             self.task = None
 
 
+def check_free(root: str | Path) -> None:
+    """One line when ``root`` is not a directory or another server records into it (its lock
+    is held): ``recap-serve`` asks before the model loads. Creates nothing."""
+    root = Path(root)
+    if root.exists() and not root.is_dir():
+        raise RecapError(f"--record: {root} is not a directory; pass a directory")
+    if not (root / LOCK).is_file():
+        return
+    with open(root / LOCK, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise RecapError(f"--record: {root} is being recorded into by another recap-serve "
+                             f"({root / LOCK}); pass another directory") from None  # fmt: skip
+        fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 class Recorder:
     """The recording directory of one server (see the module docstring)."""
 

@@ -332,17 +332,25 @@ class PolicyServer:
         self._pending: collections.deque[_Job] = collections.deque()
         self._wakeup = asyncio.Event()
         batcher = asyncio.create_task(self._batcher())
-        server = await serve(
-            self._handler,
-            self.config.host,
-            self.config.port,
-            compression=None,
-            max_size=self.config.max_frame_bytes,
-            process_request=self._process_request,
-            ping_interval=self.config.ping_interval_s or None,
-            ping_timeout=self.config.ping_timeout_s or None,
-            close_timeout=self.config.close_timeout_s,
-        )
+        try:
+            server = await serve(
+                self._handler,
+                self.config.host,
+                self.config.port,
+                compression=None,
+                max_size=self.config.max_frame_bytes,
+                process_request=self._process_request,
+                ping_interval=self.config.ping_interval_s or None,
+                ping_timeout=self.config.ping_timeout_s or None,
+                close_timeout=self.config.close_timeout_s,
+            )
+        except BaseException:  # e.g. the port is taken: release the threads and the recording
+            batcher.cancel()
+            self._model_thread.shutdown(wait=False)
+            self._record_thread.shutdown(wait=True)
+            if self.recorder is not None:
+                self.recorder.close()
+            raise
         self.port = next(iter(server.sockets)).getsockname()[1]
         log.info("listening on ws://%s:%d", self.config.host, self.port)
         self.ready.set()

@@ -278,6 +278,24 @@ def test_a_record_path_that_is_a_file_is_one_line_before_loading(tmp_path, polic
     )
 
 
+def test_a_record_directory_another_server_holds_is_one_line_before_loading(
+    tmp_path, policy_dir, capsys, no_weights
+):
+    import fcntl
+
+    from recap.commands.serve import main
+
+    (tmp_path / "rec").mkdir()
+    with open(tmp_path / "rec" / ".lock", "a") as held:  # what a recording server holds
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert main(["--policy", str(policy_dir), "--record", str(tmp_path / "rec")]) == 2
+    assert capsys.readouterr().err == (
+        f"error: --record: {tmp_path / 'rec'} is being recorded into by another recap-serve "
+        f"({tmp_path / 'rec' / '.lock'}); pass another directory\n"
+    )
+    assert sorted(p.name for p in (tmp_path / "rec").iterdir()) == [".lock"]
+
+
 # ---- the stand-in π0.5 as written ---------------------------------------------------------
 
 
