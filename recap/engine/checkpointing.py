@@ -48,6 +48,7 @@ class ResumePlan:
     tag: str | None = None
     step: int = 0
     universal: bool = False
+    zero_stage: int | None = None  # the stage it was saved at (None: checkpoints before it)
 
 
 def _write_json_atomic(path: Path, payload: dict) -> None:
@@ -76,11 +77,12 @@ def plan_resume(run_dir: Path, world_size: int, config: dict) -> ResumePlan:
             f"warning: {state_file}: global batch {state.get('global_batch_size')} differs from "
             f"{config['train_batch_size']}; data order after the resume changes"
         )
+    stage = state.get("zero_stage")
     if state["world_size"] == world_size:
-        return ResumePlan(tag, int(state["step"]), False)
+        return ResumePlan(tag, int(state["step"]), False, stage)
     universal = root / "latest_universal"
     if universal.is_file() and universal.read_text().strip().startswith(tag):
-        return ResumePlan(universal.read_text().strip(), int(state["step"]), True)
+        return ResumePlan(universal.read_text().strip(), int(state["step"]), True, stage)
     raise RecapError(
         f"{root / tag}: checkpoint saved with world size {state['world_size']} but this run has "
         f"{world_size}; relaunch with {state['world_size']} ranks, or convert it once with "
@@ -125,6 +127,7 @@ def save(engine, run_dir: Path, step: int, config: dict, keep: int, ema=None) ->
                 "world_size": distributed.world_size(),
                 "global_batch_size": config["train_batch_size"],
                 "micro_batch_size": config["train_micro_batch_size_per_gpu"],
+                "zero_stage": config["zero_optimization"]["stage"],
             },
         )
     if ema is not None:

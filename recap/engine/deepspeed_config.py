@@ -222,15 +222,25 @@ def deepspeed_config(
 
 
 def resolve_auto(
-    config: dict[str, Any], model_fn, ranks: int, local_ranks: int = 1
-) -> tuple[dict[str, Any], str | None]:
+    config: dict[str, Any], model_fn, ranks: int, local_ranks: int = 1,
+    saved_stage: int | None = None,
+) -> tuple[dict[str, Any], str | None]:  # fmt: skip
     """(``config`` with ``zero_stage = "auto"`` resolved, one line saying what was chosen and
     why; None when the stage was explicit). The model is counted on the meta device; the
     device's memory is the accelerator's (on CPU the host's over ``local_ranks``). Nothing fits,
-    or the model or memory cannot be measured: ZeRO-3 (the smallest footprint), saying why."""
+    or the model or memory cannot be measured: ZeRO-3 (the smallest footprint), saying why.
+    ``saved_stage``: the stage of the checkpoint a run resumes from, kept (a checkpoint loads
+    only into the stage it was saved at)."""
     auto = config.get(RECAP_KEY, {}).get("auto")
     if config["zero_optimization"]["stage"] != AUTO or auto is None:
         return config, None
+    if saved_stage is not None:
+        out = copy.deepcopy(config)
+        offload = auto["offload_optimizer"] and saved_stage > 0
+        out["zero_optimization"] = _zero(int(saved_stage), offload, auto["persistence_threshold"])
+        out[RECAP_KEY]["auto"] = {**auto, "chosen_stage": int(saved_stage)}
+        return out, (f'zero_stage "auto" on {ranks} rank(s): ZeRO-{saved_stage}, the stage of '
+                     "the checkpoint this run resumes from")  # fmt: skip
     from recap.engine import memory
 
     micro = config["train_micro_batch_size_per_gpu"]

@@ -322,7 +322,7 @@ def fit(
     """Train ``model_fn()`` on ``train_data`` with the DeepSpeed ``config`` (see module doc)."""
     plan = ckpt.plan_resume(opts.run_dir, distributed.env_world_size(), config)
     config, chosen = resolve_auto(config, model_fn, distributed.env_world_size(),
-                                  distributed.local_world_size())  # fmt: skip
+                                  distributed.local_world_size(), plan.zero_stage)  # fmt: skip
     distributed.init()
     if chosen is not None and distributed.is_main():
         log.info(chosen)

@@ -135,6 +135,28 @@ def test_resolve_auto_by_device_memory_and_an_explicit_stage_wins(monkeypatch):
     assert resolve_auto(explicit, toy_model, 2) == (explicit, None)
 
 
+def test_a_resumed_auto_run_keeps_the_stage_its_checkpoint_was_saved_at(monkeypatch, tmp_path):
+    import json
+
+    from recap.engine.checkpointing import plan_resume
+
+    monkeypatch.setattr(accelerator, "total_memory_gib", lambda local=1: 64.0)  # would pick 0
+    resolved, line = resolve_auto(config("auto", activation_gb_per_sample=1.0), toy_model, 2,
+                                  saved_stage=2)  # fmt: skip
+    assert resolved["zero_optimization"]["stage"] == 2
+    assert line == ('zero_stage "auto" on 2 rank(s): ZeRO-2, the stage of the checkpoint this '
+                    "run resumes from")  # fmt: skip
+    root = tmp_path / "checkpoints"
+    (root / "step_4").mkdir(parents=True)
+    (root / "latest").write_text("step_4")
+    state = {"step": 4, "world_size": 2, "global_batch_size": 8, "zero_stage": 2}
+    (root / "step_4" / "recap_state.json").write_text(json.dumps(state))
+    assert plan_resume(tmp_path, 2, resolved).zero_stage == 2
+    del state["zero_stage"]  # a checkpoint from before the stage was recorded
+    (root / "step_4" / "recap_state.json").write_text(json.dumps(state))
+    assert plan_resume(tmp_path, 2, resolved).zero_stage is None
+
+
 def test_a_toy_run_with_auto_logs_the_stage_it_used(tmp_path):
     run_dir = tmp_path / "run"
     params = ["train.max_steps = 1", "train.eval_every = 0", "train.save_every = 0",
