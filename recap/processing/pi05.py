@@ -408,10 +408,16 @@ class Pi05Processor:
 
 
 def _relative(path: str, directory: str | os.PathLike) -> str:
+    """``path`` as stored in ``directory``'s processor.json: relative to ``directory`` when it
+    lies inside (the directory moves with it), else absolute (a path relative to the working
+    directory, e.g. ``demo_data/tokenizer``, would be read back relative to ``directory``)."""
+    if not path:
+        return path
+    resolved = Path(path).resolve()
     try:
-        return str(Path(path).resolve().relative_to(Path(directory).resolve()))
+        return str(resolved.relative_to(Path(directory).resolve()))
     except ValueError:
-        return str(path)
+        return str(path) if Path(path).is_absolute() else str(resolved)
 
 
 def _absolute(path: str, directory: str | os.PathLike) -> str:

@@ -127,6 +127,22 @@ def test_the_processor_round_trips_and_refuses_a_missing_or_unknown_field(data, 
         Pi05Processor.from_json({**raw, "kind": "value"}, "run/processor.json")
 
 
+def test_a_tokenizer_path_relative_to_the_working_directory_is_stored_absolute(
+    data, tmp_path, monkeypatch
+):
+    """``make demo`` names its tokenizer ``demo_data/tokenizer`` (relative to where it runs); the
+    run directory's processor.json must not read it back relative to the run directory."""
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(data.processor.tokenizer, tmp_path / "demo_data" / "tokenizer")
+    processor = data.processor.replace(tokenizer="demo_data/tokenizer")
+    run = tmp_path / "runs" / "policy"
+    raw = json.loads(processor.save(run).read_text())
+    assert raw["tokenizer"] == str(tmp_path / "demo_data" / "tokenizer")
+    assert read_policy_processor(run).tokenizer == str(tmp_path / "demo_data" / "tokenizer")
+    monkeypatch.chdir(run)  # read from anywhere
+    assert read_policy_processor(".").load_tokenizer() is not None
+
+
 def test_a_lerobot_checkpoint_runs_with_lerobot_normalization_and_its_steps(data, tmp_path):
     directory = tmp_path / "lerobot"
     model = tiny_model(0)
