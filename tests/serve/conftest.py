@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -61,3 +62,13 @@ def server(served):
 
     with BackgroundServer(served, ServerConfig(port=0, batch_wait_ms=2.0)) as running:
         yield running
+
+
+def wait_until(condition, limit: float = 60.0) -> bool:
+    """Poll ``condition()`` every 20 ms until it holds (True) or ``limit`` seconds pass (False)."""
+    deadline = time.monotonic() + limit
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True

@@ -22,18 +22,9 @@ from recap.errors import RecapError
 from recap.serve.load import load_served
 from recap.serve.policy import ServedPolicy, ServeSpec
 from recap.serve.server import BackgroundServer, ServerConfig
-from tests.serve.conftest import observation
+from tests.serve.conftest import observation, wait_until
 
 IDLE = "idle for 2 s with no request (--idle-timeout)"
-
-
-def wait_until(condition, limit: float = 60.0) -> bool:
-    deadline = time.monotonic() + limit
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 def test_100_idle_connections_and_one_working_client(served):

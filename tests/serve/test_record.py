@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +28,7 @@ from recap.serve.client import RobotClient
 from recap.serve.record import CHUNKS_FILE, RECORD_FILE, RecordConfig, recorded_episodes
 from recap.serve.server import BackgroundServer, ServerConfig
 from tests.models.test_pi05 import tiny_model
+from tests.serve.conftest import wait_until
 
 STATE, ACTION = "observation.state", "action"
 CAMERAS = ("image", "wrist_image")
@@ -147,15 +147,6 @@ def test_a_stock_client_is_served_and_its_connection_recorded(reach_served, tmp_
     action = np.stack(table.column(ACTION).to_numpy(zero_copy_only=False))
     np.testing.assert_array_equal(action, np.stack([r[0] for r in replies]))
     assert table.column("is_correction").to_pylist() == [False] * 3
-
-
-def wait_until(condition, limit: float = 60.0) -> bool:
-    deadline = time.monotonic() + limit
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 def test_caps_drop_the_episode_with_one_line_and_serving_goes_on(reach_served, tmp_path, caplog):
