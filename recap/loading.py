@@ -250,6 +250,20 @@ def load_policy(
 VALUE_CONFIG_FILE = "recap_value.json"  # a value run's exact ValueModelConfig (train writes it)
 
 
+def value_weights(path: str | os.PathLike) -> Path:
+    """The value model's weights: ``model.safetensors`` of a run or ``save_pretrained``
+    directory, or the file itself; a one-line error when there are none."""
+    from recap.models.value import WEIGHTS_FILE
+
+    path = Path(path)
+    found = path / WEIGHTS_FILE if path.is_dir() else path
+    if found.is_file() and found.suffix == ".safetensors":
+        return found
+    raise RecapError(f"{path}: no value-model weights ({WEIGHTS_FILE}); train the value model "
+                     "(scripts/train.py) and set compute_advantages.model_path to its run "
+                     "directory")  # fmt: skip
+
+
 def load_value(
     directory: str | os.PathLike, model_fn=None, *, tokenizer: str | os.PathLike | None = None
 ):
@@ -263,20 +277,14 @@ def load_value(
     from recap.engine.inference import load_exported
     from recap.models.value import (
         CONFIG_FILE,
-        WEIGHTS_FILE,
         ValueModelConfig,
         build_value_model,
         load_value_model,
     )
     from recap.processing.value import ValueProcessor, read_value_processor
 
-    path = Path(directory)
-    weights = path / WEIGHTS_FILE if path.is_dir() else path
+    weights = value_weights(directory)
     path = weights.parent
-    if not (weights.is_file() and weights.suffix == ".safetensors"):
-        raise RecapError(f"{path}: no value-model weights ({WEIGHTS_FILE}); train the value "
-                         "model (scripts/train.py) and set compute_advantages.model_path to "
-                         "its run directory")  # fmt: skip
     if (path / CONFIG_FILE).is_file():
         model = load_value_model(path)
     else:

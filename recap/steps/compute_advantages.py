@@ -64,8 +64,8 @@ from recap.engine import accelerator, distributed
 from recap.engine.inference import predict, shard_positions
 from recap.engine.tracking import RUN_FILE, Tracker
 from recap.errors import RecapError
-from recap.loading import load_value
-from recap.models.value import WEIGHTS_FILE, ValueModel
+from recap.loading import load_value, value_weights
+from recap.models.value import ValueModel
 from recap.processing.pi05 import PROCESSOR_FILE
 from recap.processing.transforms import load_tokenizer
 from recap.processing.value import read_value_processor
@@ -186,7 +186,7 @@ class Plan:
         specs = [dataclasses.replace(s, weight=1.0) for s in specs]  # every frame once
         if precision not in PRECISIONS:
             raise RecapError(f"compute_advantages.precision: {precision!r}; use {list(PRECISIONS)}")
-        weights = weights_file(model_path)
+        weights = value_weights(model_path)
         inputs = [read_returns(s.root, returns_tag) for s in specs]  # errors name the tags found
         stats = [s for _, s in inputs]
         gamma = returns_gamma(specs, stats) if gamma is None else gamma
@@ -215,19 +215,6 @@ class Plan:
             "correction_column": correction_column,
             "datasets": [{"name": s.name, "type": s.type, "weight": 1.0} for s in self.specs],
         }
-
-
-def weights_file(path: str | os.PathLike) -> Path:
-    """The value model's weights: ``model.safetensors`` of a run or ``save_pretrained``
-    directory, or the file itself; a one-line error when there are none."""
-    path = Path(path)
-    found = path / WEIGHTS_FILE if path.is_dir() else path
-    if found.is_file() and found.suffix == ".safetensors":
-        return found
-    raise RecapError(
-        f"{path}: no value-model weights ({WEIGHTS_FILE}); train the value model "
-        "(scripts/train.py) and set compute_advantages.model_path to its run directory"
-    )
 
 
 def returns_gamma(specs: list[DatasetSpec], stats: list[dict]) -> float:
