@@ -37,6 +37,7 @@ import torch
 from recap import logs
 from recap.errors import RecapError
 from recap.processing.cameras import NUM_CAMERAS
+from recap.processing.files import DTYPE_NAMES, own_tokenizer
 from recap.processing.normalize import LEROBOT_FORMULA, OPENPI_FORMULA
 from recap.processing.pi05 import GUIDANCE, Pi05Processor, check_guidance, read_policy_processor
 from recap.processing.prompts import LEROBOT, NONE, OPENPI, PLAIN
@@ -44,20 +45,8 @@ from recap.processing.transforms import RESIZE_BILINEAR
 
 log = logs.get(__name__)
 
-TOKENIZER_FILES = ("paligemma_tokenizer.model", "tokenizer.model")
-HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 PROCESSOR_FIELDS = {f.name for f in dataclasses.fields(Pi05Processor)}
-
-
-def own_tokenizer(directory: Path) -> Path | None:
-    """A tokenizer inside ``directory`` (PaliGemma's SentencePiece file or Hugging Face files)."""
-    for name in TOKENIZER_FILES:
-        if (directory / name).is_file():
-            return directory / name
-    if any((directory / name).is_file() for name in HF_TOKENIZER_FILES):
-        return directory
-    return None
 
 
 def is_recap_export(weights: Path) -> bool:

@@ -25,15 +25,13 @@ import struct
 from pathlib import Path
 
 from recap.errors import RecapError
+from recap.processing.files import DTYPE_NAMES, own_tokenizer
 
 WEIGHTS = "model.safetensors"
 PROCESSOR = "processor.json"
 RECAP_CONFIG = "recap_pi05.json"
 TIED_KEY = "recap_tied"  # recap.engine.inference.TIED_KEY: the trainer's exports carry it
-TOKENIZER_NAMES = ("paligemma_tokenizer.model", "tokenizer.model")
-HF_TOKENIZER_NAMES = ("tokenizer.json", "tokenizer_config.json")
 LEROBOT_NORMALIZER = "policy_preprocessor_step_*_normalizer_processor.safetensors"
-DTYPE_NAMES = ("float32", "bfloat16", "float16")
 SIZE_FIELDS = ("vision", "text", "expert", "action_horizon", "action_dim")
 MAX_HEADER = 100 * 2**20
 
@@ -49,15 +47,6 @@ def _header(weights: Path) -> dict:
     except (OSError, ValueError, struct.error) as exc:
         raise RecapError(f"--policy: {weights} is not a safetensors file ({exc}); re-export "
                          "the policy") from None  # fmt: skip
-
-
-def _own_tokenizer(directory: Path) -> Path | None:
-    for name in TOKENIZER_NAMES:
-        if (directory / name).is_file():
-            return directory / name
-    if any((directory / name).is_file() for name in HF_TOKENIZER_NAMES):
-        return directory
-    return None
 
 
 def preflight(
@@ -111,7 +100,7 @@ def preflight(
         raise RecapError(f"--policy: {path} has no assets/<asset_id>/norm_stats.json or LeRobot "
                          "normalizer file; a policy runs with the statistics it was trained "
                          "with")  # fmt: skip
-    found = Path(tokenizer) if tokenizer is not None else _own_tokenizer(path)
+    found = Path(tokenizer) if tokenizer is not None else own_tokenizer(path)
     if found is None:
         raise RecapError(f"--tokenizer: {path} carries no tokenizer; pass --tokenizer PATH "
                          "(PaliGemma's paligemma_tokenizer.model for π0.5)")  # fmt: skip
