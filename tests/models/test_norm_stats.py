@@ -12,11 +12,11 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from recap.steps.train import save_processor  # writes the statistics beside the weights
 from recap.data.conditioning import QuantileStats
 from recap.data.policy_data import policy_data, run_stats
 from recap.errors import RecapError
 from recap.models.checkpoints import find_norm_stats, read_norm_stats, write_norm_stats
+from recap.steps.train import save_processor  # writes the statistics beside the weights
 
 ASSET = "physical-intelligence/libero"
 # openpi norm_stats.json of a checkpoint: state [8], actions padded to [9] (cut to the data's 7)
