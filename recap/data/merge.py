@@ -56,7 +56,7 @@ from recap.data.lerobot_writer import (
 from recap.errors import RecapError
 
 MERGE_FILE = "recap_merge.json"
-RECORD_FILE = "recap_record.json"  # recap.serve.record's per-episode record (data never imports serve)
+RECORD_FILE = "recap_record.json"  # recap.serve.record writes it (data never imports serve)
 _VIDEO_INFO = "info"  # a camera feature's encoding settings: may differ between sources
 
 
@@ -92,9 +92,7 @@ def _stats(path: Path) -> dict[str, dict[str, np.ndarray]]:
     return {k: {n: np.asarray(v) for n, v in s.items()} for k, s in raw.items()}
 
 
-def merge_datasets(
-    sources: Sequence[str | Path], out: str | Path, overwrite: bool = False
-) -> dict:
+def merge_datasets(sources: Sequence[str | Path], out: str | Path, overwrite: bool = False) -> dict:
     """Merge the LeRobot v3.0 datasets ``sources`` (in order) into one at ``out`` (module
     docstring). Returns ``{"path", "episodes", "frames", "tasks", "sources"}``."""
     if not sources:
@@ -198,8 +196,10 @@ class _Merge:
             episode = table.column("episode_index").to_numpy()
             new_episode = episodes + np.searchsorted(old_ids, episode)
             starts_episode = int(episode[0]) not in where
-            if self.data_writer is not None and starts_episode and (
-                self.data_bytes >= self.file_limit
+            if (
+                self.data_writer is not None
+                and starts_episode
+                and (self.data_bytes >= self.file_limit)
             ):
                 self.data_writer.close()
                 self.data_writer, self.data_file, self.data_bytes = None, self.data_file + 1, 0

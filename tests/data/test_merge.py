@@ -55,8 +55,10 @@ def read(path: Path) -> dict:
         return {
             "state": np.stack(t.column(STATE).to_numpy(zero_copy_only=False)),
             "action": np.stack(t.column(ACTION).to_numpy(zero_copy_only=False)),
-            **{c: t.column(c).to_numpy(zero_copy_only=False) for c in
-               ("episode_index", "frame_index", "index", *flags)},  # fmt: skip
+            **{
+                c: t.column(c).to_numpy(zero_copy_only=False)
+                for c in ("episode_index", "frame_index", "index", *flags)
+            },  # fmt: skip
             "task": [ds.tasks[i] for i in t.column("task_index").to_pylist()],
             "frames": {c: ds.frames(f"observation.images.{c}", rows) for c in CAMERAS},
             "episodes": ds.num_episodes,
