@@ -169,12 +169,15 @@ def read_config(
     directory: str | os.PathLike, variant: str | None = None, **overrides
 ) -> Pi05Config:
     """The config of a checkpoint directory: ``recap_pi05.json`` (exact), else the openpi /
-    LeRobot ``config.json`` variants (``gemma_2b`` + ``gemma_300m``, horizon and action dim),
-    else, for an openpi training checkpoint (``<step>/model.safetensors`` and no config file,
-    as ``scripts/train_pytorch.py`` writes it), the named openpi ``variant`` (``pi05_base``,
-    ``pi05_libero``, ...) with the caller's sizes (gin ``pi05_policy.*``) on top, the real ones
-    by default. ``overrides`` replace fields (e.g.
-    ``action_horizon``, ``attn_implementation``)."""
+    LeRobot ``config.json`` (horizon, action dim, steps, image resolution) with the sizes of
+    ``model.safetensors``' shapes (``recap.models.pi05_sizes``: read from its header, one log
+    line when they are not the variants' ``gemma_2b`` + ``gemma_300m``; other variant names
+    only with weights), else, for an openpi training checkpoint (``<step>/model.safetensors``
+    and no config file, as ``scripts/train_pytorch.py`` writes it), the named openpi
+    ``variant`` (``pi05_base``, ``pi05_libero``, ...) with the caller's sizes (gin
+    ``pi05_policy.*``) on top, the real ones by default. ``overrides`` replace fields (e.g.
+    ``action_horizon``, ``attn_implementation``; sizes passed are never read from the
+    weights)."""
     path = Path(directory)
     if (path / RECAP_CONFIG_FILE).is_file():
         fields = json.loads((path / RECAP_CONFIG_FILE).read_text())
@@ -189,7 +192,8 @@ def read_config(
         )
     raw = json.loads((path / CONFIG_FILE).read_text())
     variants = (raw.get("paligemma_variant"), raw.get("action_expert_variant"))
-    if variants != ("gemma_2b", "gemma_300m"):
+    weights = path / WEIGHTS_FILE
+    if variants != ("gemma_2b", "gemma_300m") and not weights.is_file():
         raise RecapError(f"{path / CONFIG_FILE}: paligemma_variant/action_expert_variant "
                          f"{variants} not supported (expected ('gemma_2b', 'gemma_300m')); "
                          "pass a Pi05Config with the sizes")  # fmt: skip
@@ -203,6 +207,14 @@ def read_config(
     config = Pi05Config(**fields | overrides)
     if "image_resolution" in raw and "vision" not in overrides:
         config.vision["image_size"] = int(raw["image_resolution"][0])
+    if weights.is_file():  # the sizes the names cannot say, from the tensors' shapes
+        from recap.models.pi05_sizes import SIZE_FIELDS, weights_sizes
+
+        implied = {k: getattr(config, k) for k in SIZE_FIELDS if k not in overrides}
+        stated = {"image_size": (raw.get("image_resolution") or [None])[0],
+                  "action_dim": fields.get("action_dim")}  # fmt: skip
+        read = weights_sizes(weights, implied, stated, path / CONFIG_FILE)
+        config = dataclasses.replace(config, **read)
     return config
 
 

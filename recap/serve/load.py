@@ -13,9 +13,12 @@ Order: ``preflight`` checks the directory, the weights file, the processor file,
 and the tokenizer's path with the standard library only (no torch import: a wrong path is
 reported at once); ``load_served`` then validates the processor and loads the tokenizer, and
 only then reads the weights. An openpi or LeRobot checkpoint whose ``config.json`` names the
-real variants but whose weights are smaller (``python -m recap.standins``' ``pi05_base``) is
-served with the sizes its gin file binds (``--gin_file rehearsal/tiny.gin``: ``pi05_policy.*``,
-as training reads it); without them, the mismatch is one line before any weight is read.
+real variants but whose weights are of other sizes (a tiny LeRobot π0.5, ``python -m
+recap.standins``' ``pi05_base``) is served with the sizes of its tensors' shapes, read from the
+safetensors header (``recap.models.checkpoints.read_config``, ``recap.models.pi05_sizes``: heads
+by π0.5's convention, as no tensor shows them); sizes a gin file binds
+(``--gin_file rehearsal/tiny.gin``: ``pi05_policy.*``, as training reads them) replace them, and
+widths that are not the weights' are one line before any weight is read.
 """
 
 from __future__ import annotations
@@ -114,8 +117,9 @@ def _shape(header: dict, suffix: str) -> list[int] | None:
     return None
 
 
-def check_sizes(path: Path, config, sizes_bound: bool) -> None:
-    """One line when the weights' widths are not ``config``'s (read from the header only)."""
+def check_sizes(path: Path, config) -> None:
+    """One line when the weights' widths are not those of ``config`` (the gin-bound sizes; read
+    from the header only)."""
     header = _header(path / WEIGHTS)
     found = {
         "vision hidden_size": (_shape(header, "embeddings.patch_embedding.weight") or [None])[0],
@@ -127,14 +131,10 @@ def check_sizes(path: Path, config, sizes_bound: bool) -> None:
                 "expert hidden_size": config.expert.get("hidden_size")}  # fmt: skip
     for name, value in found.items():
         if value is not None and expected[name] is not None and value != expected[name]:
-            fix = (
-                "the pi05_policy.* sizes bound by --gin_file do not match them"
-                if sizes_bound
-                else "pass the gin file that binds its sizes (pi05_policy.vision / text / "
-                "expert; e.g. --gin_file rehearsal/tiny.gin for recap.standins)"
-            )
             raise RecapError(f"--policy: {path / WEIGHTS} has {name} {value} but its config "
-                             f"says {expected[name]}; {fix}")  # fmt: skip
+                             f"says {expected[name]}; the pi05_policy.* sizes bound by "
+                             "--gin_file do not match them (leave them unbound to read the "
+                             "sizes from the weights)")  # fmt: skip
 
 
 def _bound_sizes() -> dict:
@@ -193,10 +193,10 @@ def load_served(
         load_tokenizer(found_tokenizer)  # readable; checked against the model's vocabulary below
     foreign = saved is None and TIED_KEY not in (
         _header(path / WEIGHTS).get("__metadata__") or {})  # fmt: skip
-    if foreign and not (path / RECAP_CONFIG).is_file():
+    if sizes and foreign and not (path / RECAP_CONFIG).is_file():
         from recap.models.checkpoints import read_config
 
-        check_sizes(path, read_config(path, **sizes), bool(sizes))
+        check_sizes(path, read_config(path, **sizes))
     # an openpi / LeRobot directory takes the gin-bound sizes (stand-in checkpoints)
     sizes = sizes if foreign and not (path / RECAP_CONFIG).is_file() else None
     model, processor = loading.load_policy(path, tokenizer=tokenizer, asset_id=asset_id,

@@ -312,13 +312,16 @@ def test_the_standin_pi05_is_served_as_written(standin, clean_gin):
     from recap.models.checkpoints import load_pi05
     from recap.standins import PI05_SIZES
 
-    with pytest.raises(RecapError) as exc:  # without its sizes: one line, before the weights
-        load_served(standin.pi05_base, tokenizer=str(standin.tokenizer), device="cpu")
-    assert str(exc.value) == (
-        f"--policy: {standin.pi05_base / 'model.safetensors'} has vision hidden_size 32 but its "
-        "config says 1152; pass the gin file that binds its sizes (pi05_policy.vision / text / "
-        "expert; e.g. --gin_file rehearsal/tiny.gin for recap.standins)"
-    )
+    # without its gin file: the sizes of its tensors, heads by π0.5's convention (its 2 vision
+    # heads are in no tensor: 16, SigLIP's, instead)
+    bare = load_served(standin.pi05_base, tokenizer=str(standin.tokenizer), device="cpu")
+    sizes = bare.model.config
+    assert sizes.vision | {"num_attention_heads": 2} == PI05_SIZES["vision"] | {
+        "hidden_act": "gelu_pytorch_tanh", "layer_norm_eps": 1e-6}  # fmt: skip
+    assert sizes.vision["num_attention_heads"] == 16
+    assert {k: sizes.text[k] for k in PI05_SIZES["text"]} == PI05_SIZES["text"] | {
+        "max_position_embeddings": 8192}  # fmt: skip
+    assert sizes.expert == PI05_SIZES["expert"]
     policy = load_served(standin.pi05_base, tokenizer=str(standin.tokenizer),
                          gin_files=("rehearsal/tiny.gin",), device="cpu")  # fmt: skip
     expected = load_pi05(standin.pi05_base, **PI05_SIZES).state_dict()
