@@ -5,9 +5,11 @@ Layouts, each with the processor it carries or implies:
 - **recap runs and exports** (a training run directory, ``save_pi05``, imports, LoRA merges):
   ``processor.json`` (``Pi05Processor``) and ``recap_pi05.json`` (the exact ``Pi05Config``) beside
   ``model.safetensors``; nothing else is read.
-- **LeRobot** π0.5 directories (``config.json`` with ``type: pi05``, the normalizer files): sizes,
-  ``num_inference_steps``, ``tokenizer_max_length``, the image resolution and the camera slots
-  (its VISUAL ``input_features``, in order) from ``config.json``, LeRobot's quantile formula,
+- **LeRobot** π0.5 directories (``config.json`` with ``type: pi05``, the normalizer files): the
+  sizes from the weights' shapes (``recap.models.checkpoints.read_config``: its variant names say
+  only the real ones), ``num_inference_steps``, ``tokenizer_max_length``, the image resolution
+  and the camera slots (its VISUAL ``input_features``, in order) from ``config.json``, LeRobot's
+  quantile formula,
   prompt style, plain prompt (conditioning ``none``) and bilinear resize, statistics from the
   normalizer.
 - **openpi** directories and training checkpoints: ``assets/<asset_id>/norm_stats.json``, openpi's
@@ -194,9 +196,9 @@ def load_policy(
 ):
     """``(Pi05Policy in eval mode, Pi05Processor)`` of ``directory`` (see the module docstring);
     ``overrides`` replace processor fields (an unknown one is one line). ``sizes``:
-    ``Pi05Config`` fields for an openpi / LeRobot directory whose files cannot say them (a
-    checkpoint at sizes other than its named variants', e.g. the stand-ins: the gin-bound
-    ``pi05_policy.*`` sizes)."""
+    ``Pi05Config`` fields of an openpi / LeRobot directory that replace those its files give
+    (sizes come from the weights' shapes, heads by π0.5's convention: ``read_config``); e.g.
+    the gin-bound ``pi05_policy.*`` sizes of a checkpoint whose heads break it."""
     from recap.models.checkpoints import RECAP_CONFIG_FILE, load_pi05, read_config
     from recap.models.pi05 import build_pi05, pi05_policy, set_precision
 

@@ -11,8 +11,9 @@ source's ``assets/**/norm_stats.json`` is copied along, and its ``processor.json
 trained it: prompt, advantage label, formula) with the cameras given. ``DIR`` is any π0.5
 directory recap reads (``save_pi05`` in either layout, openpi's converter output, a recap training
 run). The reverse
-needs no command: ``load_pi05`` reads a LeRobot-saved directory (``config.json`` variants; both
-embedding tensors, of which the ``embed_tokens`` one is used).
+needs no command: ``load_pi05`` reads a LeRobot-saved directory (``config.json``, the sizes from
+the weights' shapes at any size, ``recap.models.pi05_sizes``; both embedding tensors, of which the
+``embed_tokens`` one is used).
 
 LeRobot's normalization and tokenization live in its processor pipelines, not in the policy
 directory: build them with ``make_pi05_pre_post_processors(config, dataset_stats)`` (quantile
