@@ -20,8 +20,8 @@ from recap.models import checkpoints as ckpt
 from tests.lerobot.test_policy_both_ways import (
     ACTION_DIM,
     CAMERAS,
-    H,
     STEPS,
+    H,
     S,
     lerobot_actions,
     observation,
