@@ -17,18 +17,15 @@ stderr and gives exit status 2.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.resources
 import logging
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from recap.config_check import (
-    KNOWN_CONFIGURABLES,
-    check_config_dicts,
-    check_required,
-    gin_error_line,
-)
+from recap import registry
+from recap.config_check import check_config_dicts, check_required, gin_error_line
 from recap.errors import RecapError, one_line
 
 
@@ -83,32 +80,41 @@ def resolve_gin_file(name: str) -> str:
     raise RecapError(f"{name}: gin file not found (looked here and in {GIN_DIR})")
 
 
+@functools.cache
+def _search_packaged_gin() -> None:
+    """``include`` finds the packaged gin files (gin keeps search paths across ``clear_config``:
+    added once per process)."""
+    import gin
+
+    gin.add_config_file_search_path(str(GIN_DIR))
+
+
 def parse_gin(files: Sequence[str], params: Sequence[str]) -> None:
     """Parse gin files and bindings; unknown configurables or parameters, and unknown keys of
     the model size dicts, are a RecapError (one line, with the nearest valid names).
-    Bindings of recap's own configurables that this process has not imported (a file or an
-    ``all:`` binding shared by every step) are skipped here; the pipeline imports them all and
-    checks every binding before anything runs."""
+    Bindings of recap's own configurables that this process has not registered (a file or an
+    ``all:`` binding shared by every step) are skipped here; the pipeline registers them all
+    (``recap.registry.register_all``) and checks every binding before anything runs. Then the
+    registry's parse-time checks of the configurables registered here run (``run_parse_checks``:
+    LoRA / frozen towers of the model factories, one line before anything is built)."""
     import gin
 
-    if str(GIN_DIR) not in gin.config._LOCATION_PREFIXES:
-        gin.add_config_file_search_path(str(GIN_DIR))
+    _search_packaged_gin()
     resolved = [resolve_gin_file(f) for f in files]
     # gin logs "Path not found" at ERROR for every search-path miss of an `include`.
     quiet = logging.Filter()
     quiet.filter = lambda record: not str(record.msg).startswith("Path not found")
     logging.getLogger().addFilter(quiet)
     try:
-        # recap's configurables this process has not imported (another step's) are skipped
+        # recap's configurables this process has not registered (another step's) are skipped
         gin.parse_config_files_and_bindings(resolved, list(params), finalize_config=False,
-                                            skip_unknown=list(KNOWN_CONFIGURABLES))  # fmt: skip
+                                            skip_unknown=list(registry.KNOWN))  # fmt: skip
     except (ValueError, KeyError, SyntaxError, ImportError, OSError) as exc:
         raise RecapError(f"gin config: {gin_error_line(exc, files or params)}") from exc
     finally:
         logging.getLogger().removeFilter(quiet)
     check_config_dicts()  # keys of the model size dicts (pi05_policy.vision = {...})
-    if "recap.models.adapters" in sys.modules:  # LoRA / frozen towers: one line at parse time
-        sys.modules["recap.models.adapters"].check_gin()
+    registry.run_parse_checks()
 
 
 def run_command(step: Callable[[], object], argv: Sequence[str] | None = None) -> int:

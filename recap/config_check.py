@@ -8,10 +8,9 @@ ran on 8 devices). ``missing_required(root)`` walks every configurable a call of
 the REQUIRED parameters left unbound, directly or through a macro that is itself
 ``%gin.REQUIRED``. ``check_required`` turns the first into one line.
 
-``KNOWN_CONFIGURABLES``: every configurable recap registers. A step process imports only what it
-calls, so bindings of recap's other configurables (a file shared by all steps, ``all:``
-bindings) are skipped there by name; any other unknown name is still an error, and the pipeline,
-which imports everything, checks every binding before anything runs.
+Only gin's public API is read (``gin.get_bindings``, ``gin.query_parameter``,
+``gin.get_configurable``, the references ``gin.config.parse_value`` makes, ``gin.config_str``);
+which configurables recap has, and which modules register them, is ``recap.registry``'s.
 
 Typed model factories (``config_fields``): ``value_model`` and ``pi05_policy`` take the fields of
 their config dataclass, and gin checks every binding of theirs against exactly those names at
@@ -32,28 +31,11 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import gin
-from gin import config as gin_config
+from gin.config import Configurable, ConfigurableReference, parse_value
+from gin.config import macro as gin_macro
 
+from recap import registry
 from recap.errors import RecapError
-
-KNOWN_CONFIGURABLES = (
-    "compute_advantages",
-    "compute_returns",
-    "deepspeed_config",
-    "evaluate_policy",
-    "iterate",
-    "LoraOptions",
-    "pi05_policy",
-    "pipeline",
-    "policy_data",
-    "relabel",
-    "toy_data",
-    "toy_model",
-    "train",
-    "Tracker",
-    "value_data",
-    "value_model",
-)
 
 
 @dataclass(frozen=True)
@@ -71,21 +53,26 @@ class Missing:
                 f"--gin_param '{bind_prefix}{name} = ...'")  # fmt: skip
 
 
-def _entry(name_or_fn: str | Callable) -> gin_config.Configurable:
-    """The registry entry of a configurable, by name/selector or by its gin wrapper."""
-    if isinstance(name_or_fn, str):
-        found = gin_config._REGISTRY.get_match(name_or_fn)
-        if found is None:
-            raise RecapError(f"gin: no configurable {name_or_fn!r} is registered")
-        return found
-    for _, entry in gin_config._REGISTRY.items():
-        if entry.wrapper is name_or_fn or entry.wrapped is name_or_fn:
-            return entry
-    raise RecapError(f"gin: {name_or_fn!r} is not a gin configurable")
+def _entry(name_or_fn: str | Callable) -> Configurable:
+    """gin's record of a configurable (name, selector, the function it wraps), by name/selector
+    or by its gin wrapper: the one a reference ``@name`` carries."""
+    name = name_or_fn if isinstance(name_or_fn, str) else registry.name_of(name_or_fn)
+    try:
+        return parse_value(f"@{name}").configurable
+    except ValueError:
+        raise RecapError(f"gin: no configurable {name!r} is registered") from None
+
+
+def _default_entry(default: object) -> Configurable | None:
+    """The record of a parameter default that is a gin configurable (None for anything else)."""
+    try:
+        return _entry(default)
+    except RecapError:
+        return None
 
 
 def _required_params(
-    entry: gin_config.Configurable, bound_names: Iterable[str] = ()
+    entry: Configurable, bound_names: Iterable[str] = ()
 ) -> tuple[list[str], list[object]]:
     """(names of REQUIRED parameters, defaults that are configurables) of ``entry``; the
     defaults of ``bound_names`` (parameters bound to something else) are not called."""
@@ -103,16 +90,24 @@ def _required_params(
 
 
 def _is(ref: object, fn: Callable) -> bool:
-    return isinstance(ref, gin_config.ConfigurableReference) and ref.configurable.wrapped is fn
+    return isinstance(ref, ConfigurableReference) and ref.configurable.wrapped is fn
+
+
+def _is_constant(ref: object) -> bool:
+    """A reference to a ``gin.constant`` (``%gin.REQUIRED``, ``%SOME_CONSTANT``)."""
+    return isinstance(ref, ConfigurableReference) and ref.configurable.selector == "gin.constant"
 
 
 def _is_required_constant(value: object) -> bool:
-    return _is(value, gin_config._retrieve_constant) and value.scopes == ["gin.REQUIRED"]
+    return _is_constant(value) and value.scopes == ["gin.REQUIRED"]
 
 
 def _macro_value(name: str) -> object:
     """The value bound to macro ``name`` (``gin.REQUIRED`` when it has none)."""
-    return gin_config._CONFIG.get((name, "gin.macro"), {}).get("value", gin.REQUIRED)
+    try:
+        return gin.query_parameter(f"{name}/gin.macro.value")
+    except ValueError:
+        return gin.REQUIRED
 
 
 def _references(value: object) -> Iterator[object]:
@@ -123,9 +118,9 @@ def _references(value: object) -> Iterator[object]:
     elif isinstance(value, (list, tuple)):
         for item in value:
             yield from _references(item)
-    elif _is(value, gin_config.macro):
+    elif _is(value, gin_macro):
         yield from _references(_macro_value("/".join(value.scopes)))
-    elif isinstance(value, gin_config.ConfigurableReference):
+    elif isinstance(value, ConfigurableReference):
         yield value
 
 
@@ -136,7 +131,7 @@ def resolve(value: object) -> object:
         return {k: resolve(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return type(value)(resolve(v) for v in value)
-    if _is(value, gin_config.macro):
+    if _is(value, gin_macro):
         return resolve(_macro_value("/".join(value.scopes)))
     return value
 
@@ -153,31 +148,30 @@ def bound(name: str, default: object = None) -> object:
 def _unresolved(value: object) -> tuple[bool, str | None]:
     """(whether ``value`` resolves to REQUIRED, the last macro on the way)."""
     macro = None
-    while _is(value, gin_config.macro):
+    while _is(value, gin_macro):
         macro = "/".join(value.scopes)
         value = _macro_value(macro)
     return value is gin.REQUIRED or _is_required_constant(value), macro
 
 
-def _reached(root: str | Callable) -> Iterator[tuple[gin_config.Configurable, list[str], dict]]:
+def _reached(root: str | Callable) -> Iterator[tuple[Configurable, list[str], dict]]:
     """``(entry, scope, bindings)`` of ``root`` and of every configurable a call of it reaches
     (gin references in its bindings, configurable defaults), each in the scope gin would use."""
     seen: set[tuple[str, str]] = set()
-    pending: list[tuple[gin_config.Configurable, list[str]]] = [(_entry(root), [])]
+    pending: list[tuple[Configurable, list[str]]] = [(_entry(root), [])]
     while pending:
         entry, scope = pending.pop()
         if (entry.selector, "/".join(scope)) in seen:
             continue
         seen.add((entry.selector, "/".join(scope)))
-        bindings = gin_config._get_bindings(entry.selector, scope)
+        bindings = gin.get_bindings("/".join([*scope, entry.selector]), resolve_references=False)
         yield entry, scope, bindings
         for value in bindings.values():
             for ref in _references(value):
-                if not _is(ref, gin_config._retrieve_constant):
+                if not _is_constant(ref):
                     pending.append((ref.configurable, [*scope, *ref.scopes]))
         for default in _required_params(entry, bindings)[1]:
-            found = next((e for _, e in gin_config._REGISTRY.items()
-                          if e.wrapper is default), None)  # fmt: skip
+            found = _default_entry(default)
             if found is not None:
                 pending.append((found, scope))
 
@@ -219,7 +213,7 @@ def _collect_macros(value: object, out: set[str]) -> None:
     if isinstance(value, (list, tuple)):
         for item in value:
             _collect_macros(item, out)
-    elif _is(value, gin_config.macro):
+    elif _is(value, gin_macro):
         name = "/".join(value.scopes)
         out.add(name)
         _collect_macros(_macro_value(name), out)
@@ -227,7 +221,32 @@ def _collect_macros(value: object, out: set[str]) -> None:
 
 def macros_defined() -> set[str]:
     """Names of the macros the parsed config defines."""
-    return {scope for scope, selector in gin_config._CONFIG if selector == "gin.macro"}
+    return {key for key, _ in config_entries(macros=True)}
+
+
+_CONFIG_LINE = 10_000  # gin draws each section's rule as wide as the line length
+
+
+def config_entries(macros: bool = False) -> list[tuple[str, str]]:
+    """The parsed config as gin writes it (``gin.config_str()``): the bindings as
+    ``(scope/name.param, value text)``, or with ``macros`` the macros as ``(NAME, value text)``.
+    Values gin cannot write back as a literal are left out, as it leaves them; a value gin wraps
+    over several lines is joined into one."""
+    statements: list[tuple[str | None, str]] = []
+    section = None
+    for line in gin.config_str(max_line_length=_CONFIG_LINE).splitlines():
+        if line.startswith("# Macros:"):
+            section = "macros"
+        elif line.startswith("# Parameters for "):
+            section = "bindings"
+        elif line[:1].isspace() and statements:  # a continuation of the statement above
+            kind, text = statements[-1]
+            statements[-1] = (kind, f"{text.removesuffix(chr(92)).rstrip()} {line.strip()}")
+        elif line and not line.startswith("#"):
+            statements.append((section, line))
+    want = "macros" if macros else "bindings"
+    return [(key, text.strip()) for kind, line in statements if kind == want
+            for key, _, text in [line.partition(" = ")]]  # fmt: skip
 
 
 # ---- typed model factories ------------------------------------------------------------------
@@ -279,31 +298,31 @@ def _nearest(name: str, names: Sequence[str]) -> str:
 def check_config_dicts() -> None:
     """One-line ``RecapError`` for a key of a bound size dict (``config_fields`` ``dicts``, any
     scope) that its Hugging Face config class does not take, or that the factory sets itself."""
-    for _, entry in sorted(gin_config._REGISTRY.items(), key=lambda item: item[0]):
-        dicts = getattr(entry.wrapped, "config_dicts", None)
-        if not dicts:
+    for key, _ in config_entries():
+        scoped, _, param = key.rpartition(".")
+        scope, _, selector = scoped.rpartition("/")
+        entry = _entry(selector)
+        dicts = getattr(entry.wrapped, "config_dicts", None) or {}
+        if param not in dicts:
             continue
-        for (scope, selector), bindings in gin_config._CONFIG.items():
-            if selector != entry.selector:
-                continue
-            where = f"{scope}/{entry.name}" if scope else entry.name
-            for param, (cls, own) in dicts.items():
-                value = resolve(bindings.get(param))
-                if value is None or isinstance(value, gin_config.ConfigurableReference):
-                    continue
-                if not isinstance(value, dict):
-                    raise RecapError(f"gin config: {where}.{param}={value!r}; bind a dict of "
-                                     f"{cls.__name__} arguments")  # fmt: skip
-                keys = [k for k in config_keys(cls) if k not in own]
-                for key in value:
-                    if key in own:
-                        raise RecapError(f"gin config: {where}.{param} sets {key!r}, which "
-                                         f"{entry.name} sets itself; remove it")  # fmt: skip
-                    if key not in keys:
-                        raise RecapError(
-                            f"gin config: {where}.{param} has unknown key {key!r} (not a "
-                            f"{cls.__name__} argument); {_nearest(str(key), keys)}"
-                        )
+        cls, own = dicts[param]
+        where = f"{scope}/{entry.name}" if scope else entry.name
+        value = resolve(gin.query_parameter(key))
+        if value is None or isinstance(value, ConfigurableReference):
+            continue
+        if not isinstance(value, dict):
+            raise RecapError(f"gin config: {where}.{param}={value!r}; bind a dict of "
+                             f"{cls.__name__} arguments")  # fmt: skip
+        keys = [k for k in config_keys(cls) if k not in own]
+        for name in value:
+            if name in own:
+                raise RecapError(f"gin config: {where}.{param} sets {name!r}, which "
+                                 f"{entry.name} sets itself; remove it")  # fmt: skip
+            if name not in keys:
+                raise RecapError(
+                    f"gin config: {where}.{param} has unknown key {name!r} (not a "
+                    f"{cls.__name__} argument); {_nearest(str(name), keys)}"
+                )
 
 
 _NO_PARAMETER = re.compile(r"Configurable '(.+)' doesn't have a parameter named '(.+)'\.")
@@ -326,7 +345,10 @@ def gin_error_line(exc: BaseException, sources: Sequence[str]) -> str:
     unknown = _NO_PARAMETER.match(first)
     if unknown:
         selector, param = unknown.groups()
-        found = gin_config._REGISTRY.get_match(selector)
+        try:
+            found = _entry(selector)
+        except RecapError:
+            found = None
         if found is not None:
             fn = found.wrapped.__init__ if inspect.isclass(found.wrapped) else found.wrapped
             names = _param_names(fn)

@@ -61,7 +61,7 @@ import gin
 import numpy as np
 import pyarrow.parquet as pq
 
-from recap import logs
+from recap import logs, registry
 from recap.cli import parse_gin
 from recap.config_check import bound, check_required, macros_read
 from recap.errors import RecapError
@@ -525,11 +525,8 @@ class Planned:
 
 
 def _register_configurables() -> None:
-    import recap.engine.tracking  # noqa: F401
-    import recap.steps.compute_advantages  # noqa: F401
-    import recap.steps.compute_returns  # noqa: F401
-    import recap.steps.evaluate_policy  # noqa: F401
-    import recap.steps.train  # noqa: F401
+    """Every configurable recap has, so gin checks every binding of every step."""
+    registry.register_all()
 
 
 def _parse_step(files: list[str], params: list[str], where: str) -> None:

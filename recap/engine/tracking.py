@@ -25,6 +25,7 @@ from typing import Any
 
 import gin
 
+from recap.config_check import config_entries
 from recap.engine import distributed
 
 DEFAULT_URI = "sqlite:///mlflow.db"
@@ -57,18 +58,14 @@ def ui_address(tracking_uri: str, experiment: str, host: str = UI_HOST, port: in
 
 
 def gin_bindings() -> dict[str, str]:
-    """Every gin binding as ``{"scope/name.param": repr(value)}``, each cut at MLflow's param
-    limit (empty, with a warning, if gin changes shape): for MLflow params only, where a miss
-    must not stop a run. Stage fingerprints hash ``gin.config_str()`` whole and fail loudly
-    (``recap.pipeline.config_text``)."""
+    """Every gin binding as ``{"scope/name.param": value}`` and every macro as ``{"NAME":
+    value}``, as gin writes them (``recap.config_check.config_entries``), each cut at MLflow's
+    param limit (empty, with a warning, if gin fails to write its config): for MLflow params
+    only, where a miss must not stop a run. Stage fingerprints hash ``gin.config_str()`` whole
+    and fail loudly (``recap.pipeline.config_text``)."""
     try:
-        out = {}
-        for (scope, selector), values in gin.config._CONFIG.items():
-            name = gin.config._REGISTRY.minimal_selector(selector)
-            prefix = f"{scope}/{name}" if scope else name
-            for param, value in values.items():
-                out[f"{prefix}.{param}"] = repr(value)[:MAX_PARAM_CHARS]
-        return out
+        entries = [*config_entries(macros=True), *config_entries()]
+        return {key: text[:MAX_PARAM_CHARS] for key, text in entries}
     except Exception as exc:
         warnings.warn(f"could not flatten gin bindings: {exc}", stacklevel=2)
         return {}
