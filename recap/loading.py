@@ -238,6 +238,21 @@ def load_policy(
     return model.eval(), processor
 
 
+def load_run(run_dir: str | os.PathLike | None = None, **overrides) -> tuple:
+    """A trained Step 4 policy: ``(model, processor, run directory)`` from the directory alone
+    (``load_policy``; an older run's processor rebuilt from the parsed gin bindings);
+    ``run_dir`` defaults to the bound ``train.run_dir``."""
+    from recap.config_check import bound
+
+    run = Path(run_dir if run_dir is not None else bound("train.run_dir", ""))
+    if not (run / "model.safetensors").is_file():
+        raise RecapError(f"{run / 'model.safetensors'}: no exported policy; train it first "
+                         "(scripts/train.py with the same gin files) or set "
+                         "evaluate_policy.run_dir")  # fmt: skip
+    model, processor = load_policy(run, **overrides)
+    return model, processor, run
+
+
 VALUE_CONFIG_FILE = "recap_value.json"  # a value run's exact ValueModelConfig (train writes it)
 
 

@@ -41,7 +41,7 @@ from recap.data.synthetic import (
     stack_observations,
 )
 from recap.errors import RecapError
-from recap.loading import PolicyAdapter, load_policy  # noqa: F401  (PolicyAdapter re-exported)
+from recap.loading import PolicyAdapter, load_policy, load_run  # noqa: F401  (re-exported)
 from recap.models.pi05 import Pi05Policy
 from recap.processing.pi05 import (
     NEGATIVE,
@@ -54,21 +54,6 @@ from recap.processing.prompts import PLAIN, POSITIVE_ONLY
 
 log = logs.get(__name__)
 RESULTS_FILE = "closed_loop.json"
-
-
-def load_run(
-    run_dir: str | Path | None = None, **overrides
-) -> tuple[Pi05Policy, Pi05Processor, Path]:
-    """A trained Step 4 policy: ``(model, processor, run directory)`` from the directory alone
-    (``recap.loading.load_policy``; an older run's processor rebuilt from the parsed gin
-    bindings); ``run_dir`` defaults to ``train.run_dir``."""
-    run = Path(run_dir if run_dir is not None else gin.query_parameter("train.run_dir"))
-    if not (run / "model.safetensors").is_file():
-        raise RecapError(f"{run / 'model.safetensors'}: no exported policy; train it first "
-                         "(scripts/train.py with the same gin files) or set "
-                         "evaluate_policy.run_dir")  # fmt: skip
-    model, processor = load_policy(run, **overrides)
-    return model, processor, run
 
 
 @gin.configurable
