@@ -92,9 +92,15 @@ def _stats(path: Path) -> dict[str, dict[str, np.ndarray]]:
     return {k: {n: np.asarray(v) for n, v in s.items()} for k, s in raw.items()}
 
 
-def merge_datasets(sources: Sequence[str | Path], out: str | Path, overwrite: bool = False) -> dict:
+def merge_datasets(
+    sources: Sequence[str | Path],
+    out: str | Path,
+    overwrite: bool = False,
+    extra: dict[str, object] | None = None,
+) -> dict:
     """Merge the LeRobot v3.0 datasets ``sources`` (in order) into one at ``out`` (module
-    docstring). Returns ``{"path", "episodes", "frames", "tasks", "sources"}``."""
+    docstring); ``extra``: files (path inside the dataset -> a JSON value) written into it
+    before it appears. Returns ``{"path", "episodes", "frames", "tasks", "sources"}``."""
     if not sources:
         raise RecapError(f"{out}: no datasets to merge")
     out = Path(out)
@@ -103,6 +109,9 @@ def merge_datasets(sources: Sequence[str | Path], out: str | Path, overwrite: bo
         _check(datasets)
         with atomic_directory(out, overwrite) as tmp:
             summary = _Merge(tmp, datasets).run()
+            for name, value in (extra or {}).items():
+                (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+                (tmp / name).write_text(json.dumps(value, indent=2) + "\n")
     finally:
         for ds in datasets:
             ds.close()
