@@ -17,9 +17,8 @@ iteration (per-seed dots, mean and interval per setting) and the table go to MLf
 ``bench``, run ``recap_iterations``); the ``RESULT:`` line reports the target: each iteration's
 interval above the previous one's (non-overlapping), 3 seeds x >= 200 episodes. A loop whose
 iterations all have records (``recap.iterate.recorded_iterations``: ``recap-iterate``'s markers)
-is read, not run, so a rerun only summarizes and an interrupted bench continues: the records
-hold even where a later loop over the same base data rewrote the per-iteration returns sidecars
-beside it (same content, new times), which would make ``recap-iterate`` itself run it again.
+is read, not run, so a rerun only summarizes and an interrupted bench continues (loops over
+the same base data write their own returns sidecars, so one never unfinishes another).
 
     python bench/recap_iterations.py                      # 3 seeds, both settings, 200 episodes
     python bench/recap_iterations.py --state-targets --sft-episodes 3000 --rollout-episodes 3000
@@ -203,8 +202,8 @@ def loop_outcomes(seed: int, setting: str, args, log: Path) -> dict:
 
     params = loop_params(seed, setting, args)
     records = recorded_iterations(["demo/iterate.gin"], params)
-    if all(records):  # finished before: its records, even where a later loop over the same
-        seconds = sum(r["wall_s"] for r in records)  # base data rewrote its returns sidecars
+    if all(records):  # finished before: its records
+        seconds = sum(r["wall_s"] for r in records)
     else:
         start = time.perf_counter()
         run([sys.executable, "-m", "recap.commands.iterate", *gin_args(params)], log)

@@ -10,11 +10,26 @@ For k = 1 .. ``iterate.iterations``:
    cloning on the base data; trained first when it is not finished) or a given run
    (``start_run``, loaded with the gin files of ``pipeline.steps[start_step]``); policy k is
    iteration k's ``policy`` run. Episode seeds: ``seed + (k-1) * episodes`` onwards.
+   **Or recorded** (``iterate.recorded``: one ``recap-serve --record`` directory per iteration):
+   iteration k's collection is the episodes finished in ``recorded[k-1]`` (a robot's episodes,
+   human interventions recorded as ``is_correction``), merged into one LeRobot v3.0 dataset
+   ``{root}/iter{k}/recorded-{fp[:12]}`` (``recap.data.merge``; ``fp`` hashes the episodes'
+   names, sizes and modification times, so recording more episodes makes a new collection).
+   Merged rather than passed as a list: 500 one-episode datasets would be 500 entries in every
+   step's bindings and fingerprints, 500 returns and 500 advantages sidecars per round and 500
+   datasets opened by every reader; the merge is file copies, once per round. Nothing is
+   simulated and no policy 0 is needed (``policy_init = "retrain"``; ``"finetune"`` starts from
+   the baseline or ``start_run`` as above). ``recap-iterate --recorded DIR --serve`` runs Steps
+   1-4 on the recordings and then serves the new policy (``recap-serve``).
 2. **Steps 1-4** through ``recap.pipeline`` (``plan`` / ``run_pipeline``) with every step's
    dataset list (``compute_returns`` / ``value_data`` / ``compute_advantages`` / ``policy_data``
-   ``.datasets``) extended by every rollout collected so far, and the Step 1 tag of its own
-   (``{tag}_iter{k}``: the returns of the base datasets are written beside them once per
-   iteration, never over an earlier iteration's). The run root is the pipeline's, shared:
+   ``.datasets``) extended by every rollout collected so far, and a Step 1 tag of its own,
+   ``{tag}_iter{k}_{F[:12]}`` with ``F`` the fingerprint of Step 1 planned under the tag
+   ``{tag}_iter{k}`` (its gin configuration and dataset list): the returns of the base
+   datasets are written beside them once per iteration and per loop, never over an earlier
+   iteration's nor over another loop's (two loops over the same base data, say with and without
+   corrections, would otherwise rewrite each other's sidecars and so each other's finished
+   Step 1). The run root is the pipeline's, shared:
    content addressing gives the changed configurations new fingerprints, so each iteration's
    value model, advantage tag and policy get directories of their own and are kept, and what
    did not change (the baseline) is reused. The policy is retrained from the base checkpoint
@@ -109,6 +124,10 @@ class IterateConfig:
         root: where collections, markers and iteration records go (default
             ``{pipeline.run_root}/iterate``).
         experiment: MLflow experiment of the per-iteration runs.
+        recorded: one ``recap-serve --record`` directory per iteration (``iterations`` of
+            them; a single string is one): iteration k's collection is ``recorded[k-1]``'s
+            finished episodes merged into one dataset, instead of simulated rollouts (module
+            docstring); the simulation settings above are then unused.
     """
 
     iterations: int = gin.REQUIRED
@@ -136,6 +155,7 @@ class IterateConfig:
     value_init: str = "retrain"
     root: str = ""
     experiment: str = "iterate"
+    recorded: tuple[str, ...] = ()
 
     def __post_init__(self):
         for f in dataclasses.fields(self):  # gin may bind 1 for a float, 1.0 for an int
@@ -144,6 +164,13 @@ class IterateConfig:
                 object.__setattr__(self, f.name, kind(value))
         if self.iterations < 1:
             raise RecapError(f"iterate.iterations: {self.iterations}; run at least one iteration")
+        recorded = self.recorded
+        recorded = (recorded,) if isinstance(recorded, (str, Path)) else tuple(recorded or ())
+        object.__setattr__(self, "recorded", tuple(str(r) for r in recorded if str(r)))
+        if self.recorded and len(self.recorded) != self.iterations:
+            raise RecapError(f"iterate.recorded: {len(self.recorded)} recording directories for "
+                             f"iterations = {self.iterations}; give one per iteration (or set "
+                             f"iterate.iterations = {len(self.recorded)})")  # fmt: skip
         if self.episodes < 1:
             raise RecapError(f"iterate.episodes: {self.episodes}; collect at least one episode")
         if self.replan_steps < 1 or self.num_envs < 1 or self.takeover_steps < 1:
@@ -168,7 +195,7 @@ class IterateConfig:
         """The settings a collection's content depends on (its fingerprint hashes them)."""
         # num_envs stays in: the sampling noise is drawn per batch of environments
         skip = {"iterations", "start_run", "start_step", "policy_init", "value_init", "root",
-                "experiment"}  # fmt: skip
+                "experiment", "recorded"}  # fmt: skip
         return {k: v for k, v in dataclasses.asdict(self).items() if k not in skip}
 
 
@@ -196,6 +223,7 @@ class Iteration:
     scoped: dict[str, list[str]]
     planned: dict
     datasets: dict[str, int]
+    recorded: list[Path] | None = None  # the episodes merged into ``out`` (recorded rounds)
 
     @property
     def key(self) -> str:
@@ -323,6 +351,8 @@ def plan_start(
         source = Source(settings.start_run, list(config.steps[step]), params,
                         _fingerprint_of_run(settings.start_run))  # fmt: skip
         return source, None, None
+    if settings.recorded and settings.policy_init == "retrain":  # nothing simulated or loaded
+        return Source("", [], [], "recorded"), None, None
     if "baseline" not in config.steps:
         raise RecapError("iterate: iteration 1 collects with the pipeline's baseline (behaviour "
                          "cloning) but pipeline.steps has no 'baseline'; add it or set "
@@ -344,34 +374,89 @@ def plan_iterations(
     source, rollouts, out = start, [], []
     for k in range(1, settings.iterations + 1):
         seed = settings.seed + (k - 1) * settings.episodes
-        what = [source.fingerprint, settings.collection(), seed]
-        fingerprint = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
-        where = root / f"iter{k}" / f"rollout-{fingerprint[:12]}"
-        rollouts.append({"name": f"rollout_iter{k}", "root": str(where), "type": "rollout"})
-        step_scoped = {s: list(v) for s, v in scoped.items()}
-        counts = {}
-        for step, base in lists.items():
-            entries = [*base, *rollouts]
-            counts[step] = len(entries)
-            bindings = [f"{DATASETS_OF[step]}.datasets = {entries!r}"]
-            if step in RETURNS_TAG_OF:
-                new_tag = f"{tag}_iter{k}" if tag else f"iter{k}"
-                bindings.append(f'{RETURNS_TAG_OF[step]} = "{new_tag}"')
-            step_scoped.setdefault(step, []).extend(bindings)
+        episodes = None
+        if settings.recorded:
+            episodes = recorded_of(settings.recorded[k - 1])
+            fingerprint = recording_fingerprint(episodes)
+            where = root / f"iter{k}" / f"recorded-{fingerprint[:12]}"
+            rollouts.append({"name": f"recorded_iter{k}", "root": str(where), "type": "rollout"})
+        else:
+            what = [source.fingerprint, settings.collection(), seed]
+            fingerprint = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
+            where = root / f"iter{k}" / f"rollout-{fingerprint[:12]}"
+            rollouts.append({"name": f"rollout_iter{k}", "root": str(where), "type": "rollout"})
+        iter_config = dataclasses.replace(config, name=f"{config.name}-iter{k}")
+        step_scoped, counts = _with_datasets(scoped, lists, rollouts)
+        if "returns" in lists:
+            returns_tag = _loop_returns_tag(iter_config, step_scoped, tag, k)
+            for step, binding in RETURNS_TAG_OF.items():
+                if step in lists:
+                    step_scoped[step].append(f'{binding} = "{returns_tag}"')
         if settings.policy_init == "finetune":
             step_scoped.setdefault("policy", []).append(
                 f'pi05_policy.checkpoint = "{source.run_dir}"'
             )
-        iter_config = dataclasses.replace(config, name=f"{config.name}-iter{k}")
         try:
             planned = plan(iter_config, step_scoped)
         except RecapError as exc:
             raise RecapError(f"iteration {k}: {exc}") from exc
         item = Iteration(k, source, fingerprint, where, seed, iter_config, step_scoped, planned,
-                         counts)  # fmt: skip
+                         counts, episodes)  # fmt: skip
         out.append(item)
         source = item.policy()
     return out
+
+
+def _with_datasets(
+    scoped: dict[str, list[str]], lists: dict[str, list[dict]], rollouts: list[dict]
+) -> tuple[dict[str, list[str]], dict[str, int]]:
+    """The step bindings with every data-reading step's list extended by ``rollouts``, and the
+    number of datasets per step."""
+    step_scoped = {s: list(v) for s, v in scoped.items()}
+    counts = {}
+    for step, base in lists.items():
+        entries = [*base, *rollouts]
+        counts[step] = len(entries)
+        step_scoped.setdefault(step, []).append(f"{DATASETS_OF[step]}.datasets = {entries!r}")
+    return step_scoped, counts
+
+
+def _loop_returns_tag(
+    config: PipelineConfig, step_scoped: dict[str, list[str]], tag: str, k: int
+) -> str:
+    """Iteration k's Step 1 tag, of its own loop: ``{tag}_iter{k}_{F[:12]}``, ``F`` the Step 1
+    fingerprint planned under ``{tag}_iter{k}`` (module docstring)."""
+    base = f"{tag}_iter{k}" if tag else f"iter{k}"
+    draft = {s: list(v) for s, v in step_scoped.items()}
+    draft["returns"].append(f'{RETURNS_TAG_OF["returns"]} = "{base}"')
+    try:
+        planned = plan(dataclasses.replace(config, stages=["returns"]), draft)
+    except RecapError as exc:
+        raise RecapError(f"iteration {k}: {exc}") from exc
+    return f"{base}_{planned['returns'].fingerprint[:12]}"
+
+
+def recorded_of(directory: str) -> list[Path]:
+    """The finished episodes ``recap-serve --record`` wrote under ``directory`` (one line when
+    there are none)."""
+    from recap.serve.record import recorded_episodes
+
+    path = Path(directory)
+    if not path.is_dir():
+        raise RecapError(f"iterate.recorded: {directory} is not a directory; pass the directory "
+                         "recap-serve --record wrote")  # fmt: skip
+    episodes = recorded_episodes(path)
+    if not episodes:
+        raise RecapError(f"iterate.recorded: {directory} holds no finished episode "
+                         "(episode_NNNNNN/meta/info.json); record some with recap-serve "
+                         f"--record {directory} first")  # fmt: skip
+    return [p.resolve() for p in episodes]
+
+
+def recording_fingerprint(episodes: Sequence[Path]) -> str:
+    """A recorded collection's fingerprint: every episode's files, their sizes and times."""
+    what = ["recorded", [[str(p), _stamps(p)] for p in episodes]]
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
 
 
 # ---- markers ------------------------------------------------------------------------------------
@@ -436,10 +521,8 @@ def finished_iteration(root: Path, it: Iteration) -> dict | None:
 
 def recorded_iterations(files: Sequence[str], params: Sequence[str]) -> list[dict | None]:
     """Each planned iteration's record as its marker holds it (None for one that never
-    finished), without ``finished_iteration``'s check that its outputs are unchanged since:
-    what a finished loop measured, for reports. Loops over the same base datasets rewrite the
-    same per-iteration returns sidecars (same content, new times), after which a rerun of the
-    earlier loop would run again; its records still say what it measured."""
+    finished), read without ``finished_iteration``'s check that its outputs are unchanged
+    since: what a loop measured, for reports (``bench/recap_iterations.py``)."""
     config, scoped, settings = load(files, params)
     root = root_of(config, settings).resolve()
     start, _, _ = plan_start(config, scoped, settings)
@@ -490,6 +573,34 @@ def collect_rollouts(it: Iteration, settings: IterateConfig) -> dict:
     summary = {k: v for k, v in summary.items() if isinstance(v, (int, float, str, bool))}
     return {"summary": {**summary, **record, "seed": it.seed,
                         "num_episodes": settings.episodes}}  # fmt: skip
+
+
+def merge_recorded(it: Iteration) -> dict:
+    """Iteration k's recorded episodes merged into ``it.out`` (``recap.data.merge``), with the
+    collection's record (``meta/recap_collect.json``) written inside before it appears."""
+    from recap.core.thresholds import IS_CORRECTION
+    from recap.data.lerobot import LocalDataset
+    from recap.data.merge import merge_datasets
+    from recap.envs.rollout import COLLECT_FILE
+
+    tables = []
+    for path in it.recorded:
+        with LocalDataset(path) as ds:
+            names = ["episode_index", "is_success"]
+            flags = [n for n in ("is_success", IS_CORRECTION) if ds.has_column(n)]
+            names += [IS_CORRECTION] if IS_CORRECTION in flags else []
+            tables.append(ds.read_columns(names, flags=flags).to_pydict())
+    frames = sum(len(t["episode_index"]) for t in tables)
+    corrections = [sum(t.get(IS_CORRECTION, [])) for t in tables]
+    record = {"iteration": it.k, "fingerprint": it.collect_fingerprint,
+              "recorded": str(Path(it.recorded[0]).parent), "episodes": len(it.recorded),
+              "successes": sum(bool(t["is_success"][0]) for t in tables if t["is_success"]),
+              "frames": frames, "corrections": int(sum(corrections)),
+              "corrected_episodes": sum(1 for c in corrections if c),
+              "run_dir": it.source.run_dir,
+              "policy_fingerprint": it.source.fingerprint}  # fmt: skip
+    merge_datasets(it.recorded, it.out, extra={COLLECT_FILE: record})
+    return {"summary": record}
 
 
 def track_iteration(
@@ -558,12 +669,19 @@ def run_iterations(
             continue
         start_time = time.perf_counter()
         collection = collected(root, it)
-        if collection is None:
+        if collection is None and it.recorded is not None:
+            log.info(
+                f"==== iteration {it.k}/{total}: merge {len(it.recorded)} recorded episodes of "
+                f"{settings.recorded[it.k - 1]} -> {it.out}"
+            )
+            collection = merge_recorded(it)
+        elif collection is None:
             log.info(
                 f"==== iteration {it.k}/{total}: collect {settings.episodes} episodes with "
                 f"{it.source.run_dir} -> {it.out}"
             )
             collection = collect_rollouts(it, settings)
+        if "outputs" not in collection:  # collected now
             collection["outputs"] = _stamps(it.out)
             write_json(_collect_marker(root, it), collection)
             status = "ran"
@@ -616,8 +734,12 @@ def _print_plan(root, settings, boot, boot_plan, iterations) -> None:
             continue
         done = _collect_marker(root, it).is_file()
         what = "skip (finished)" if done else "run"
-        print(f"iteration {it.k}  collect {settings.episodes} episodes with "
-              f"{it.source.run_dir} -> {it.out}  {what}")  # fmt: skip
+        if it.recorded is not None:
+            print(f"iteration {it.k}  merge {len(it.recorded)} recorded episodes of "
+                  f"{settings.recorded[it.k - 1]} -> {it.out}  {what}")  # fmt: skip
+        else:
+            print(f"iteration {it.k}  collect {settings.episodes} episodes with "
+                  f"{it.source.run_dir} -> {it.out}  {what}")  # fmt: skip
         runs: set[str] = set()
         for name, item in it.planned.items():
             stale = any(n in runs for n in item.stage.needs)
@@ -666,7 +788,49 @@ def build_parser():
     parser = gin_parser("Iterative RECAP: collect with the current policy, Steps 1-4 over all "
                         "data so far, K times; finished iterations are skipped.")  # fmt: skip
     parser.add_argument("--dry_run", action="store_true", help="print the plan, run nothing")
+    parser.add_argument(
+        "--recorded", nargs="+", default=None, metavar="DIR",
+        help="recap-serve --record directories, one per iteration: each iteration's collection "
+        "is its directory's recorded episodes instead of simulated rollouts (binds "
+        "iterate.recorded and iterate.iterations; default: simulate)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--serve", action="store_true",
+        help="when the iterations finish, serve the last iteration's policy with recap-serve "
+        "(until Ctrl-C or SIGTERM; default: do not serve)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--serve_args", default="", metavar="ARGS",
+        help="recap-serve's arguments beside --policy, as one shell-quoted string, e.g. "
+        "'--port 8000 --record rec/round2' to record the next round (default: none)",
+    )  # fmt: skip
     return parser
+
+
+def recorded_params(recorded: Sequence[str] | None) -> list[str]:
+    """The bindings ``--recorded DIR ...`` stands for."""
+    if not recorded:
+        return []
+    return [f"iterate.recorded = {[str(r) for r in recorded]!r}",
+            f"iterate.iterations = {len(recorded)}"]  # fmt: skip
+
+
+def serve_extra(serve_args: str) -> list[str]:
+    """``--serve_args`` split as a shell would, checked before anything runs."""
+    import shlex
+
+    try:
+        extra = shlex.split(serve_args)
+    except ValueError as exc:
+        raise RecapError(f"--serve_args: {exc}; quote it as one shell string") from None
+    if "--policy" in extra:
+        raise RecapError("--serve_args: --policy is the last iteration's policy; leave it out")
+    return extra
+
+
+def serve_argv(records: list[dict], extra: Sequence[str]) -> list[str]:
+    """``recap-serve``'s arguments for the last iteration's policy (``--serve``)."""
+    return ["--policy", str(records[-1]["stages"]["policy"]["run_dir"]), *extra]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -677,9 +841,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     def body() -> int:
         if not args.gin_file:
             raise RecapError("--gin_file: give the loop's gin file, e.g. demo/iterate.gin")
-        records, uri, settings = run_iterations(args.gin_file, args.gin_param, args.dry_run)
+        if args.serve and args.dry_run:
+            raise RecapError("--serve: a dry run trains no policy to serve; drop one of them")
+        params = [*args.gin_param, *recorded_params(args.recorded)]
+        extra = serve_extra(args.serve_args) if args.serve else []
+        records, uri, settings = run_iterations(args.gin_file, params, args.dry_run)
         if records:
             log.info(summary_lines(records, uri, settings.experiment))
+        if args.serve:
+            from recap.commands.serve import main as serve
+
+            argv = serve_argv(records, extra)
+            log.info(f"serving the last iteration's policy: recap-serve {' '.join(argv)}")
+            return serve(argv)
         return 0
 
     return exit_code(body)

@@ -5,7 +5,6 @@ config errors."""
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import time
 from pathlib import Path
@@ -149,24 +148,34 @@ def test_each_iteration_writes_its_rollout_dataset(loop):
         assert len(won) == r["collect"]["successes"] == record["successes"]
 
 
+def returns_tag(root: Path, record: dict) -> str:
+    """The Step 1 tag an iteration's returns stage ran with (its pipeline marker's params)."""
+    fingerprint = record["stages"]["returns"]["fingerprint"]
+    marker = root / "runs" / ".pipeline" / f"returns-{fingerprint}.json"
+    (tag,) = [p for p in json.loads(marker.read_text())["params"] if "compute_returns.tag" in p]
+    return tag.split('"')[1]
+
+
 def test_each_iteration_has_its_own_returns_tag(loop):
-    """Step 1 writes ``{tag}_iter{k}`` (the demo's tag is empty: ``iter{k}``) beside every
-    dataset, so iteration 2 never overwrites iteration 1's returns."""
+    """Step 1 writes ``{tag}_iter{k}_{F[:12]}`` (the demo's tag is empty), ``F`` Step 1's
+    fingerprint under ``iter{k}``, beside every dataset: iteration 2 never overwrites iteration
+    1's returns, and no other loop writes either; Steps 2 and 3 read that tag."""
     root = loop["root"]
-    for k, r in enumerate(loop["first"], start=1):
-        fingerprint = r["stages"]["returns"]["fingerprint"]
-        binding = {"returns": "compute_returns.tag", "value": "value_data.returns_tag",
+    tags = [returns_tag(root, r) for r in loop["first"]]
+    for k, (r, tag) in enumerate(zip(loop["first"], tags, strict=True), start=1):
+        assert tag.startswith(f"iter{k}_") and len(tag) == len(f"iter{k}_") + 12
+        binding = {"value": "value_data.returns_tag",
                    "advantages": "compute_advantages.returns_tag"}  # fmt: skip
         for step, key in binding.items():
             fingerprint = r["stages"][step]["fingerprint"]
             marker = root / "runs" / ".pipeline" / f"{step}-{fingerprint}.json"
-            assert f'{key} = "iter{k}"' in json.loads(marker.read_text())["params"]
+            assert f'{key} = "{tag}"' in json.loads(marker.read_text())["params"]
     iter1, iter2 = (Path(r["collect"]["out"]) / "meta" for r in loop["first"])
     for meta in (root / "data" / "sft" / "meta", root / "data" / "rollout" / "meta", iter1):
-        assert (meta / "returns_iter1.parquet").is_file()
-        assert (meta / "returns_iter2.parquet").is_file()
-    assert (iter2 / "returns_iter2.parquet").is_file()
-    assert not (iter2 / "returns_iter1.parquet").exists()  # collected after iteration 1's Step 1
+        assert (meta / f"returns_{tags[0]}.parquet").is_file()
+        assert (meta / f"returns_{tags[1]}.parquet").is_file()
+    assert (iter2 / f"returns_{tags[1]}.parquet").is_file()
+    assert not (iter2 / f"returns_{tags[0]}.parquet").exists()  # collected after iteration 1
 
 
 def test_expert_corrections_are_labelled_positive(loop):
@@ -236,37 +245,6 @@ def test_a_rerun_skips_both_iterations_and_trains_nothing(loop):
     assert loop["again_wall"] < loop["first_wall"] / 3
 
 
-def test_the_records_of_a_loop_outlive_a_rewrite_of_its_base_returns(loop):
-    """Another loop over the same base data rewrites ``returns_iter1`` beside it (same content,
-    a new time): the iteration no longer counts as finished, its marker's record still reads."""
-    import recap.iterate as iterate
-
-    root = loop["root"]
-    sidecar = root / "data" / "sft" / "meta" / "returns_iter1.parquet"
-    before = sidecar.stat()
-    with pytest.MonkeyPatch.context() as mp:
-        mp.chdir(root)
-        params = iterate_params(root)
-        records = iterate.recorded_iterations(["demo/iterate.gin"], params)
-        assert [r["key"] for r in records] == [r["key"] for r in loop["first"]]
-        assert [r["stages"]["policy"]["run_dir"] for r in records] == [
-            r["stages"]["policy"]["run_dir"] for r in loop["first"]]  # fmt: skip
-        config, scoped, settings = iterate.load(["demo/iterate.gin"], params)
-        start, _, _ = iterate.plan_start(config, scoped, settings)
-        first = iterate.plan_iterations(config, scoped, settings, start)[0]
-        where = iterate.root_of(config, settings).resolve()
-        assert iterate.finished_iteration(where, first) is not None
-        try:
-            os.utime(sidecar, ns=(before.st_atime_ns, before.st_mtime_ns + 10**9))
-            assert iterate.finished_iteration(where, first) is None
-            again = iterate.recorded_iterations(["demo/iterate.gin"], params)
-            assert [r["key"] for r in again] == [r["key"] for r in records]
-        finally:
-            os.utime(sidecar, ns=(before.st_atime_ns, before.st_mtime_ns))
-            gin.clear_config()
-        assert iterate.finished_iteration(where, first) is not None
-
-
 def test_the_dry_run_after_the_loop_skips_everything(loop):
     first = loop["first"]
     baseline = Path(first[0]["stages"]["baseline"]["run_dir"]).name
@@ -334,3 +312,187 @@ def test_finetune_starts_each_policy_from_the_previous_one(loop):
     assert one.planned["value"].fingerprint == first[0]["stages"]["value"]["fingerprint"]
     assert one.planned["policy"].fingerprint != first[0]["stages"]["policy"]["fingerprint"]
     assert gin.config_str() == ""
+
+
+# ---- a robot's recordings as a round's collection ------------------------------------------------
+
+RECORDED_STAGES = ("returns", "value", "advantages", "policy")
+# the recorded round: Steps 1-4 only (no baseline: retraining needs no policy 0), its own name
+# and MLflow experiment
+RECORDED = (
+    "pipeline.stages = ['returns', 'value', 'advantages', 'policy']",
+    'pipeline.name = "demo_recorded"',
+    'iterate.experiment = "recorded"',
+)
+
+
+def recorded_argv(root: Path, recording: Path, *extra: str) -> list[str]:
+    """``recap-iterate --recorded DIR`` over the loop's base data."""
+    return [*argv(root, *RECORDED), "--recorded", str(recording), *extra]
+
+
+@pytest.fixture(scope="module")
+def recorded_round(loop, tmp_path_factory):
+    """20 reach episodes driven through openpi-client against a recording server (two steps of
+    every third the scripted expert's), then ``recap-iterate --recorded DIR --serve`` over the
+    loop's base data (recap-serve replaced by a stand-in that keeps its arguments); then both
+    loops again with every launch, collection and merge made to fail."""
+    import recap.commands.serve as serve_command
+    import recap.iterate as iterate
+    import recap.pipeline as pipeline
+    from recap.serve.load import load_served
+    from tests.serve.test_record import record_reach, write_reach_policy
+
+    work = tmp_path_factory.mktemp("recorded")
+    served = load_served(write_reach_policy(work / "policy"), beta=1.0, device="cpu")
+    out = {"work": work, "sent": record_reach(served, work / "rec")}
+    root = loop["root"]
+    env = launch_env(root)
+    base = sorted((root / "data").glob("*/meta/returns_*.parquet"))
+    out["base_before"] = {p: p.stat().st_mtime_ns for p in base}
+    served_argv: list[list[str]] = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(root)
+        for key in ENV_KEYS:
+            mp.setenv(key, env[key])
+        mp.setattr(serve_command, "main", lambda a: served_argv.append(list(a)) or 0)
+        command = recorded_argv(root, work / "rec", "--serve", "--serve_args", "--port 0")
+        start = time.perf_counter()
+        out["exit"] = iterate.main(command)
+        out["wall"] = time.perf_counter() - start
+        out["served_argv"] = served_argv
+        params = [*iterate_params(root, *RECORDED), *iterate.recorded_params([work / "rec"])]
+        (out["record"],) = iterate.recorded_iterations(["demo/iterate.gin"], params)
+
+        def no_launch(*args, **kwargs):
+            raise AssertionError(f"a finished iteration launched {args[0]}")
+
+        def no_collect(*args, **kwargs):
+            raise AssertionError("a finished iteration collected again")
+
+        mp.setattr(pipeline.subprocess, "run", no_launch)
+        mp.setattr(iterate, "collect_rollouts", no_collect)
+        mp.setattr(iterate, "merge_recorded", no_collect)
+        out["loop_again"], _, _ = iterate.run_iterations(["demo/iterate.gin"], iterate_params(root))
+        out["recorded_again"], _, _ = iterate.run_iterations(["demo/iterate.gin"], params)
+    gin.clear_config()
+    return out
+
+
+def test_twenty_reach_episodes_with_interventions_are_recorded(recorded_round):
+    """The recording: state and actions exactly as the client sent them, images within the
+    codec's tolerance, 14 intervention frames flagged (``tests/serve/test_record.py``)."""
+    from tests.serve.test_record import check_twenty
+
+    check_twenty(recorded_round["work"] / "rec", recorded_round["sent"])
+
+
+def test_one_round_on_the_recordings_runs_steps_1_to_4_then_serves(recorded_round, loop):
+    r, sent = recorded_round["record"], recorded_round["sent"]
+    assert recorded_round["exit"] == 0
+    assert {s: e["status"] for s, e in r["stages"].items()} == dict.fromkeys(RECORDED_STAGES, "ran")
+    frames = sum(len(e["state"]) for e in sent)
+    c = r["collect"]
+    assert (c["status"], c["episodes"], c["corrections"], c["corrected_episodes"]) == (
+        "ran", 20, 14, 7)  # fmt: skip
+    assert (c["frames"], c["successes"]) == (frames, sum(e["success"] for e in sent))
+    assert c["recorded"] == str((recorded_round["work"] / "rec").resolve())
+    # the base data (returns: sft, rollout, eval; the others sft, rollout) and the recordings
+    assert r["datasets"] == {"returns": 4, "value": 3, "advantages": 3, "policy": 3}
+    merged = Path(c["out"])
+    assert merged.parent == loop["root"] / "runs" / "iterate" / "iter1"
+    assert merged.name == f"recorded-{c['fingerprint'][:12]}"
+    with LocalDataset(merged) as ds:
+        assert (ds.num_episodes, ds.num_frames) == (20, frames)
+        t = ds.read_columns(["observation.state", "action"])
+    for column, key in (("observation.state", "state"), ("action", "action")):
+        np.testing.assert_array_equal(  # exactly what the client sent, episode after episode
+            np.stack(t.column(column).to_numpy(zero_copy_only=False)),
+            np.concatenate([np.stack(e[key]) for e in sent]),
+        )
+    policy = r["stages"]["policy"]["run_dir"]
+    assert recorded_round["served_argv"] == [["--policy", policy, "--port", "0"]]
+
+
+def test_every_intervention_frame_of_the_recordings_is_positive(recorded_round):
+    r = recorded_round["record"]
+    merged = Path(r["collect"]["out"])
+    rows = flags(merged, IS_CORRECTION)
+    tag = f"adv_{r['stages']['advantages']['fingerprint'][:12]}"
+    sidecar = pq.read_table(merged / "meta" / f"advantages_{tag}.parquet")
+    joined = sidecar.join(rows, ["episode_index", "frame_index"])
+    assert joined.num_rows == rows.num_rows == r["collect"]["frames"]
+    label = joined.column("advantage").to_numpy(zero_copy_only=False).astype(bool)
+    mask = joined.column(IS_CORRECTION).to_numpy(zero_copy_only=False)
+    assert (int(mask.sum()), int(label[mask].sum())) == (14, 14)
+    episodes = joined.column("episode_index").to_numpy()
+    assert sorted(set(episodes[mask].tolist())) == [1, 4, 7, 10, 13, 16, 19]
+    base = sorted((merged.parents[3] / "data").glob(f"*/meta/advantages_{tag}.parquet"))
+    assert [p.parents[1].name for p in base] == ["rollout", "sft"]  # Step 3's base data
+    labels = [pq.read_table(p, columns=["advantage"]).column(0).to_numpy() for p in base]
+    assert not np.concatenate([*labels, label]).astype(bool).all()  # negatives too
+
+
+def test_the_new_policy_is_servable(recorded_round):
+    """The round's policy directory loads as ``recap-serve`` loads it and answers a reach
+    observation with a chunk of 7-dim actions."""
+    from recap.envs.synthetic import ReachTask
+    from recap.serve.load import load_served
+    from tests.serve.test_record import REACH, request
+
+    policy = recorded_round["record"]["stages"]["policy"]["run_dir"]
+    served = load_served(policy, beta=1.0, device="cpu")
+    actions = served.infer(request(ReachTask(REACH).reset(0)))["actions"]
+    assert actions.dtype == np.float32 and actions.ndim == 2 and actions.shape[1] == 7
+    assert np.isfinite(actions).all()
+
+
+def test_two_loops_over_the_same_base_data_keep_their_own_returns(recorded_round, loop):
+    """The recorded round ran Step 1 over the simulated loop's base data under a tag of its own:
+    the loop's returns sidecars there were not rewritten, and a rerun of each loop (every
+    launch, collection and merge made to fail) skips everything."""
+    root = loop["root"]
+    ours = returns_tag(root, recorded_round["record"])
+    theirs = [returns_tag(root, r) for r in loop["first"]]
+    assert ours.startswith("iter1_") and ours not in theirs
+    for path, mtime in recorded_round["base_before"].items():
+        assert path.stat().st_mtime_ns == mtime
+    for name in ("sft", "rollout", "eval"):
+        assert (root / "data" / name / "meta" / f"returns_{ours}.parquet").is_file()
+    assert [(r["iteration"], r["status"]) for r in recorded_round["loop_again"]] == [
+        (1, "skipped"), (2, "skipped")]  # fmt: skip
+    assert [(r["iteration"], r["status"]) for r in recorded_round["recorded_again"]] == [
+        (1, "skipped")]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "extra, line",
+    [
+        (["--gin_param", "iterate.recorded = ['a', 'b', 'c']", "--dry_run"],
+         "iterate.recorded: 3 recording directories for iterations = 2; give one per iteration "
+         "(or set iterate.iterations = 3)"),
+        (["--serve", "--dry_run"],
+         "--serve: a dry run trains no policy to serve; drop one of them"),
+        (["--serve", "--serve_args", "--policy x"],
+         "--serve_args: --policy is the last iteration's policy; leave it out"),
+    ],
+)  # fmt: skip
+def test_a_bad_recorded_setting_is_one_line_and_exit_2(tmp_path, capsys, extra, line):
+    from recap.iterate import main
+
+    assert main([*argv(tmp_path, *RECORDED), *extra]) == 2
+    assert capsys.readouterr().err == f"error: {line}\n"
+    assert not (tmp_path / "runs").exists()
+
+
+def test_an_empty_recording_directory_is_one_line_and_exit_2(tmp_path, capsys):
+    from recap.iterate import main
+
+    (tmp_path / "rec" / "episode_000000").mkdir(parents=True)  # unfinished: no meta/info.json
+    assert main([*recorded_argv(tmp_path, tmp_path / "rec"), "--dry_run"]) == 2
+    assert capsys.readouterr().err == (
+        f"error: iterate.recorded: {tmp_path / 'rec'} holds no finished episode "
+        "(episode_NNNNNN/meta/info.json); record some with recap-serve --record "
+        f"{tmp_path / 'rec'} first\n"
+    )
+    assert not (tmp_path / "runs").exists()

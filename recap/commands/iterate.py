@@ -4,6 +4,12 @@
     recap-iterate --gin_file demo/iterate.gin --gin_param 'iterate.iterations = 3' \
         --gin_param 'iterate.expert = True' --gin_param 'iterate.drift = 0.5'
     recap-iterate --gin_file demo/iterate.gin --dry_run      # the plan, nothing runs
+    recap-iterate --gin_file demo/iterate.gin --recorded rec/round1 --serve \
+        --serve_args '--port 8000 --record rec/round2'    # a robot's recordings, then serve
+
+``--recorded DIR ...`` (one ``recap-serve --record`` directory per iteration) makes each
+iteration's collection the episodes recorded there instead of simulated rollouts; ``--serve``
+serves the last iteration's policy with ``recap-serve`` when the iterations finish.
 
 ``iterate.*`` bindings set the loop (``recap.iterate.IterateConfig``); ``STEP:binding`` goes to
 one pipeline step (e.g. ``'value:train.max_steps = 100'``), ``pipeline.*`` to the pipeline, as

@@ -1,6 +1,7 @@
 """``recap-serve --record``: the reach environment driven through openpi-client (``RobotClient``)
 with scripted interventions; the recorded LeRobot v3.0 episodes read back with recap's reader;
-caps; kill -9 mid-episode and a restart that appends."""
+caps; kill -9 mid-episode and a restart that appends. The 20-episode recording and the
+``recap-iterate`` round on it are in ``tests/test_iterate.py`` (this module's helpers)."""
 
 from __future__ import annotations
 
@@ -35,10 +36,8 @@ CAMERAS = ("image", "wrist_image")
 REACH = ReachConfig(max_steps=6)
 
 
-@pytest.fixture(scope="module")
-def reach_policy_dir(tmp_path_factory) -> Path:
+def write_reach_policy(directory: Path) -> Path:
     """A tiny π0.5 for the reach task: state [8], actions [7] (model action dim 8)."""
-    directory = tmp_path_factory.mktemp("reach_policy")
     tiny_model(0, action_dim=8).save_pretrained(directory)
     stats = {"state": QuantileStats(-np.ones(8), np.ones(8)),
              "action": QuantileStats(-np.ones(7), np.ones(7))}  # fmt: skip
@@ -46,6 +45,11 @@ def reach_policy_dir(tmp_path_factory) -> Path:
     texts = ["Task: reach the red blue target, State: ;\nAction: Advantage: positive negative"]
     write_word_tokenizer(directory, texts)
     return directory
+
+
+@pytest.fixture(scope="module")
+def reach_policy_dir(tmp_path_factory) -> Path:
+    return write_reach_policy(tmp_path_factory.mktemp("reach_policy"))
 
 
 @pytest.fixture(scope="module")
@@ -112,14 +116,22 @@ def check_recorded(path: Path, sent: dict) -> None:
     np.testing.assert_array_equal(chunks, np.stack(sent["chunks"]))
 
 
-def test_twenty_reach_episodes_with_interventions_are_recorded(reach_served, tmp_path):
-    config = ServerConfig(port=0, record=RecordConfig(tmp_path / "rec", fps=REACH.fps))
-    with BackgroundServer(reach_served, config) as server:
+def record_reach(served, directory: Path, count: int = 20) -> list[dict]:
+    """``count`` reach episodes driven through ``RobotClient`` against a server recording into
+    ``directory``, two steps of every third (seed % 3 == 1) the scripted expert's; what was
+    sent, per episode."""
+    config = ServerConfig(port=0, record=RecordConfig(directory, fps=REACH.fps))
+    with BackgroundServer(served, config) as server:
         robot = RobotClient("127.0.0.1", server.port)
         assert robot.recording and robot.metadata["recording"] is True
-        episodes = [drive(robot, seed, intervene=seed % 3 == 1) for seed in range(20)]
+        episodes = [drive(robot, seed, intervene=seed % 3 == 1) for seed in range(count)]
         robot.close()
-    paths = recorded_episodes(tmp_path / "rec")
+    return episodes
+
+
+def check_twenty(directory: Path, episodes: list[dict]) -> None:
+    """The 20 episodes of ``record_reach`` read back as sent, 14 intervention frames."""
+    paths = recorded_episodes(directory)
     assert [p.name for p in paths] == [f"episode_{i:06d}" for i in range(20)]
     for i, (path, sent) in enumerate(zip(paths, episodes, strict=True)):
         assert sent["reply"] == {"episode_end": True, "episode": path.name,
@@ -128,6 +140,10 @@ def test_twenty_reach_episodes_with_interventions_are_recorded(reach_served, tmp
         record = (path / "meta" / RECORD_FILE).read_text()
         assert f'"corrections": {2 if i % 3 == 1 else 0}' in record
     assert sum(sum(e["correction"]) for e in episodes) == 2 * 7
+
+
+# The 20 recorded episodes, then one recap-iterate round on them: tests/test_iterate.py
+# (test_twenty_reach_episodes_with_interventions_are_recorded and the tests after it).
 
 
 def test_a_stock_client_is_served_and_its_connection_recorded(reach_served, tmp_path):
