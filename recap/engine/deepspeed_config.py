@@ -7,9 +7,10 @@ torch AdamW, betas (0.9, 0.95), eps 1e-8, weight decay 1e-10, lr 5e-5 backbone /
 linear warmup then constant, global-norm clipping 1.0, ZeRO stage 3.
 
 ``zero_stage = "auto"``: the training run picks, before it builds the model, the fastest stage
-(0-3) whose predicted memory fits this device at the configured micro batch (``resolve_auto``,
-``recap.engine.memory.auto_stage``), logs it, and records it in the config it tracks; an
-explicit stage always wins. ``recap-plan-memory`` prints the wider search (checkpointing, offload,
+(0-3) whose predicted memory fits the smallest device of all ranks at the configured micro batch
+(``resolve_auto``, ``recap.engine.memory.auto_stage``; every rank resolves the same stage, mixed
+cards included), logs it, and records it in the config it tracks; an explicit stage always
+wins. ``recap-plan-memory`` prints the wider search (checkpointing, offload,
 micro batch) for a named hardware.
 """
 
@@ -227,7 +228,9 @@ def resolve_auto(
 ) -> tuple[dict[str, Any], str | None]:  # fmt: skip
     """(``config`` with ``zero_stage = "auto"`` resolved, one line saying what was chosen and
     why; None when the stage was explicit). The model is counted on the meta device; the
-    device's memory is the accelerator's (on CPU the host's over ``local_ranks``). Nothing fits,
+    device's memory is the accelerator's (on CPU the host's over ``local_ranks``), the smallest
+    of all ranks' once the process group exists (a collective then: call on every rank, so
+    mixed cards agree; ``smallest_device_gib``). Nothing fits,
     or the model or memory cannot be measured: ZeRO-3 (the smallest footprint), saying why.
     ``saved_stage``: the stage of the checkpoint a run resumes from, kept (a checkpoint loads
     only into the stage it was saved at)."""
@@ -244,7 +247,7 @@ def resolve_auto(
     from recap.engine import memory
 
     micro = config["train_micro_batch_size_per_gpu"]
-    device_gb = accelerator.total_memory_gib(local_ranks)
+    device_gb = smallest_device_gib(accelerator.total_memory_gib(local_ranks))
     per_sample = auto["activation_gb_per_sample"]
     if not per_sample and device_gb is not None:  # unknown: keep half the device for them
         per_sample = device_gb / 2 / micro
@@ -263,6 +266,9 @@ def resolve_auto(
         else:
             stage = choice.stage
             why = choice.describe().replace("as configured, ", "")
+    agreed = _largest_across_ranks(stage)  # the same inputs give the same stage; made sure of
+    if agreed != stage:
+        stage, why = agreed, f"ZeRO-{stage} here, ZeRO-{agreed} on another rank"
     if not auto["activation_gb_per_sample"]:
         why += ("; activations not given: half the device kept for them (set "
                 "deepspeed_config.activation_gb_per_sample from recap-plan-memory)")  # fmt: skip
@@ -271,6 +277,28 @@ def resolve_auto(
     out["zero_optimization"] = _zero(stage, offload, auto["persistence_threshold"])
     out[RECAP_KEY]["auto"] = {**auto, "chosen_stage": stage}
     return out, f'zero_stage "auto" on {ranks} rank(s): ZeRO-{stage} ({why})'
+
+
+def smallest_device_gib(local_gb: float | None) -> float | None:
+    """The smallest device memory over all ranks (``local_gb`` alone without a process group):
+    every rank plans for the smallest card, so mixed cards agree on the stage. Unknown on any
+    rank is unknown on all (then ZeRO-3)."""
+    from recap.engine import distributed
+
+    if not (distributed.is_initialized() and distributed.world_size() > 1):
+        return local_gb
+    mine = torch.tensor([-1.0 if local_gb is None else float(local_gb)], dtype=torch.float64)
+    smallest = float(distributed.all_gather_stacked(mine).min())
+    return None if smallest < 0 else smallest
+
+
+def _largest_across_ranks(stage: int) -> int:
+    """The largest (smallest-footprint) of the ranks' stages: one stage for all of them."""
+    from recap.engine import distributed
+
+    if not (distributed.is_initialized() and distributed.world_size() > 1):
+        return stage
+    return int(distributed.all_gather_stacked(torch.tensor([stage], dtype=torch.int64)).max())
 
 
 def for_deepspeed(config: dict[str, Any]) -> dict[str, Any]:

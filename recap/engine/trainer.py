@@ -234,7 +234,11 @@ class Trainer:
             progress.set_postfix(loss=f"{metrics.get('train/loss', float('nan')):.4g}")
 
     def _outside_window(self, work: Callable[[int], None], step: int) -> None:
-        """``work(step)``, its wall time kept out of the step timing."""
+        """``work(step)``, its wall time kept out of the step timing. The device first finishes
+        the steps queued before it: their time is step time, not the work's (evaluation and a
+        checkpoint wait for the device themselves, and would otherwise take it from the steps).
+        Called only when the work is due, so steps without it never wait for the device."""
+        accelerator.synchronize()
         begin = time.perf_counter()
         work(step)
         self.paused += time.perf_counter() - begin
@@ -284,6 +288,21 @@ class Trainer:
             warnings.warn(f"could not write metrics.jsonl: {exc}", stacklevel=2)
         self.tracker.log_metrics(metrics, step)
 
+    def advance(
+        self, step: int, batches: Iterator[dict], first: bool = False, progress: tqdm | None = None
+    ) -> None:
+        """Step ``step``, then what falls due at it: the config (``first`` step of the run), the
+        log, evaluation, a checkpoint (the config, evaluation and checkpoint outside the step
+        timing)."""
+        self.train_step(step, batches)
+        if first:
+            self._outside_window(self.log_config, step)
+        self.maybe_log(step, progress)
+        if self.eval_data is not None and self._due(step, self.opts.eval_every):
+            self._outside_window(self.maybe_evaluate, step)
+        if self._due(step, self.opts.save_every):
+            self._outside_window(self.maybe_save, step)
+
     def run(self, start: int) -> FitResult:
         """Steps ``start+1 .. max_steps`` then the export (the loop itself)."""
         batches = self.batches(start)
@@ -299,12 +318,7 @@ class Trainer:
         if start == 0 and self.opts.eval_every > 0:
             self.maybe_evaluate(0)  # the untrained model: what training is measured against
         for step in progress:
-            self.train_step(step, batches)
-            if step == start + 1:
-                self._outside_window(self.log_config, step)
-            self.maybe_log(step, progress)
-            self._outside_window(self.maybe_evaluate, step)
-            self._outside_window(self.maybe_save, step)
+            self.advance(step, batches, first=step == start + 1, progress=progress)
         progress.close()
         step = max(start, self.opts.max_steps)
         path = ckpt.export(self.engine, self.opts.run_dir, step, self.ema)
@@ -321,9 +335,10 @@ def fit(
 ) -> FitResult:
     """Train ``model_fn()`` on ``train_data`` with the DeepSpeed ``config`` (see module doc)."""
     plan = ckpt.plan_resume(opts.run_dir, distributed.env_world_size(), config)
-    config, chosen = resolve_auto(config, model_fn, distributed.env_world_size(),
-                                  distributed.local_world_size(), plan.zero_stage)  # fmt: skip
     distributed.init()
+    # after init: every rank plans for the smallest device of them all, so all pick one stage
+    config, chosen = resolve_auto(config, model_fn, distributed.world_size(),
+                                  distributed.local_world_size(), plan.zero_stage)  # fmt: skip
     if chosen is not None and distributed.is_main():
         log.info(chosen)
     accelerator.seed_everything(opts.seed)

@@ -4,6 +4,8 @@ resolution of "auto" (and an explicit stage winning); the end-to-end toy run tha
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from recap.engine import accelerator, memory
@@ -167,3 +169,16 @@ def test_a_toy_run_with_auto_logs_the_stage_it_used(tmp_path):
     done = run(cmd, tmp_path)
     assert 'zero_stage "auto" on 1 rank(s): ZeRO-0 (ZeRO-0, no offload' in done.stdout + done.stderr
     assert (run_dir / "model.safetensors").is_file()
+
+
+def test_two_ranks_with_different_memory_resolve_one_stage(tmp_path):
+    # rank 0 alone would pick ZeRO-0 (64 GiB), rank 1 alone ZeRO-3 (6 GiB): both plan for 6
+    from recap.engine.distributed import free_port
+    from tests.engine.conftest import DEEPSPEED
+
+    cmd = [DEEPSPEED, "--num_gpus", "2", "--master_port", str(free_port()),
+           str(REPO / "tests/engine/auto_ranks.py"), str(tmp_path)]  # fmt: skip
+    run(cmd, tmp_path)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    line = 'zero_stage "auto" on 2 rank(s): ZeRO-3 (no stage fits 6.0 GiB at micro batch 4)'
+    assert ranks == [{"stage": 3, "line": line, "largest": 1}] * 2
