@@ -284,6 +284,19 @@ class PolicyStage(TrainStage):
 
 
 @dataclass(frozen=True)
+class FinetuneStage(PolicyStage):
+    """Step 4, a policy fine-tuned from the policy a stage it needs trained (its first
+    ``PolicyStage``): that run's weights and normalization (``pi05_policy.checkpoint``,
+    ``policy_data.checkpoint``) are its inputs, so a change to the base reruns the fine-tune."""
+
+    def inputs(self, planned):
+        base = next(planned[n].run_dir for n in self.needs
+                    if isinstance(planned[n].stage, PolicyStage))  # fmt: skip
+        return [*super().inputs(planned), f'pi05_policy.checkpoint = "{base}"',
+                f'policy_data.checkpoint = "{base}"']  # fmt: skip
+
+
+@dataclass(frozen=True)
 class EvaluateStage(Stage):
     """Closed-loop evaluation of the trained stage it needs (``needs[0]``), on the synthetic
     demo task: its step's files and inputs, its run directory; success rate per beta."""
@@ -322,6 +335,21 @@ class EvaluateStage(Stage):
         return [(f"{self.trained} success (beta 1)", f"{metrics[key]:.2f}")]
 
 
+@dataclass(frozen=True)
+class PairedEvaluateStage(EvaluateStage):
+    """A closed-loop evaluation that keeps each episode's outcome, so that two policies evaluated
+    on the same seeded episodes compare paired; with ``against`` (the other evaluation stage) the
+    summary prints the difference with its paired 95% bootstrap interval over the episodes."""
+
+    against: str = ""
+    label: str = ""  # the arm's name in the paired line (default: the trained stage's)
+
+    def result(self, item):
+        record = json.loads((item.run_dir / "closed_loop.json").read_text())
+        return {"success": record["success"], "num_episodes": record["num_episodes"],
+                "outcomes": record["outcomes"]}  # fmt: skip
+
+
 STAGES: tuple[Stage, ...] = (
     ReturnsStage("returns", "returns"),
     ValueStage("value", "value", ("returns",)),
@@ -331,6 +359,20 @@ STAGES: tuple[Stage, ...] = (
     # the headline reads the baseline's success before the policy's
     EvaluateStage("evaluate_policy", "policy", ("policy",), headline_rank=1),
     EvaluateStage("evaluate_baseline", "baseline", ("baseline",)),
+    # RLinf's recipe (demo/pipeline.gin): a policy on the demonstrations only, then from it RECAP
+    # and plain BC with the same budget, evaluated on the same episodes, paired
+    PolicyStage("sft", "sft", (), headline_loss=False),
+    FinetuneStage("finetune", "finetune", ("advantages", "sft")),
+    FinetuneStage("finetune_bc", "finetune_bc", ("sft",), headline_loss=False),
+    PairedEvaluateStage("evaluate_finetune_bc", "finetune_bc", ("finetune_bc",), label="BC"),
+    PairedEvaluateStage(
+        "evaluate_finetune",
+        "finetune",
+        ("finetune",),
+        headline_rank=1,
+        against="evaluate_finetune_bc",
+        label="RECAP",
+    ),
 )
 BY_NAME = {s.name: s for s in STAGES}
 STEP_KEYS = tuple(dict.fromkeys(s.step for s in STAGES))  # the keys of pipeline.steps
@@ -795,18 +837,76 @@ def write_json(path: Path, obj: dict) -> None:
 
 
 def summary_metrics(report: dict[str, dict]) -> dict[str, float]:
-    """Flat figures of a pipeline run (MLflow metrics of the pipeline run)."""
+    """Flat figures of a pipeline run (MLflow metrics of the pipeline run); each paired
+    comparison as ``paired/{arm}-{baseline}/beta_{b}`` and its ``_low`` / ``_high``."""
     out: dict[str, float] = {}
     for name, entry in report.items():
         out[f"wall_s/{name}"] = float(entry["wall_s"])
         out.update(BY_NAME[name].metrics(entry.get("result", {})))
+    for row in paired(report):
+        key = f"paired/{row['arm']}-{row['baseline']}/beta_{row['beta']}"
+        out.update({key: row["mean"], f"{key}_low": row["low"], f"{key}_high": row["high"]})
     return out
+
+
+@dataclass(frozen=True)
+class _Arm:
+    name: str  # the trained stage
+    label: str
+    outcomes: dict[str, list[int]]  # beta_{b} -> 0/1 per episode
+
+
+def paired(report: dict[str, dict]) -> list[dict]:
+    """Per beta of each ``PairedEvaluateStage`` with ``against`` (both finished with their
+    outcomes): the two arms' success rates on the same episodes and the difference's paired
+    95% bootstrap interval over the episodes (``recap.core.bootstrap``; against the baseline's
+    beta 1, its only prompt). One training seed: the interval says nothing of seeds."""
+    from recap.core.bootstrap import paired_bootstrap
+
+    def arm(name: str) -> _Arm | None:
+        stage, result = BY_NAME[name], report.get(name, {}).get("result", {})
+        if "outcomes" not in result:
+            return None
+        return _Arm(stage.trained, stage.label or stage.trained, result["outcomes"])
+
+    rows = []
+    for name in report:
+        other = getattr(BY_NAME[name], "against", "")
+        mine, base = arm(name), arm(other) if other in report else None
+        if mine is None or base is None:
+            continue
+        reference = np.asarray([base.outcomes["beta_1"]], dtype=np.float64)
+        for key, won in mine.outcomes.items():
+            outcome = np.asarray([won], dtype=np.float64)
+            diff = paired_bootstrap(outcome, reference)
+            rows.append({"arm": mine.name, "label": mine.label, "baseline": base.name,
+                         "baseline_label": base.label, "beta": key.removeprefix("beta_"),
+                         "rate": float(outcome.mean()), "baseline_rate": float(reference.mean()),
+                         "episodes": outcome.shape[1], "mean": diff.mean, "low": diff.low,
+                         "high": diff.high})  # fmt: skip
+    return rows
+
+
+def paired_line(row: dict) -> str:
+    """One paired comparison of ``paired`` as the summary prints it."""
+    return (
+        f"{row['label']} ({row['arm']}, beta {row['beta']}) {row['rate']:.3f} vs "
+        f"{row['baseline_label']} ({row['baseline']}) {row['baseline_rate']:.3f} on the same "
+        f"{row['episodes']} held-out episodes: {row['mean']:+.3f} [{row['low']:+.3f}, "
+        f"{row['high']:+.3f}] (paired 95% bootstrap interval over the episodes)"
+    )
 
 
 ONE_SEED = (
     "closed-loop success above: one training seed on one machine, an anecdote, not "
     "evidence; RECAP vs BC over seeds with 95% intervals: python bench/recap_vs_bc.py "
     "(docs/results/recap-vs-bc.md)"
+)
+
+
+PAIRED_SEED = (
+    "one training seed: the intervals cover the evaluation episodes, not training seeds; RECAP "
+    "vs BC over seeds: python bench/recap_vs_bc.py --arms sft_rlinf (docs/results/recap-vs-bc.md)"
 )
 
 
@@ -822,7 +922,11 @@ def summary_table(config: PipelineConfig, report: dict[str, dict], uri: str) -> 
     for row in rows:
         cells = [c.ljust(w) for c, w in zip(row[:4], widths, strict=True)]
         lines.append("  ".join([*cells, row[4]]).rstrip())
-    if any(k.startswith("success/") for k in summary_metrics(report)):
+    rows = paired(report)
+    lines += [paired_line(row) for row in rows]
+    if rows:
+        lines.append(PAIRED_SEED)
+    elif any(k.startswith("success/") for k in summary_metrics(report)):
         lines.append(ONE_SEED)
     lines.append(f"compare runs: mlflow ui --backend-store-uri {uri}   (experiment "
                  f"{config.experiment!r}: one run per pipeline configuration)")  # fmt: skip
@@ -855,9 +959,74 @@ def track(config: PipelineConfig, scoped: dict[str, list[str]], report: dict[str
     tracker.log_params(params)
     tracker.log_metrics(summary_metrics(report), 0)
     tracker.log_dict(report, "pipeline_report.json")
+    png = summary_figure(report, run_dir / "pipeline.png")
+    if png is not None:
+        tracker.log_png(png)
     tracker.finish()
     write_json(run_dir / "summary.json", {"name": config.name, "stages": report})
     return tracker.uri
+
+
+def summary_figure(report: dict[str, dict], path: Path) -> Path | None:
+    """``path`` (PNG): closed-loop success per arm and beta (the paired difference's interval
+    over the episodes in the title), and the value model's value beside the return along four
+    rollout episodes (the two of highest and the two of lowest return). None when the run has
+    no closed-loop result; a failing picture (matplotlib, the ``viz`` extra, missing) is a
+    warning, never an error."""
+    arms = [(BY_NAME[n].trained, e["result"]["success"]) for n, e in report.items()
+            if BY_NAME[n].evaluation and "success" in e.get("result", {})]  # fmt: skip
+    if not arms:
+        return None
+    try:
+        from recap.viz import _pyplot
+
+        plt = _pyplot()
+        fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+        bars = [(f"{arm}\nbeta {k.removeprefix('beta_')}", rate)
+                for arm, success in arms for k, rate in success.items()]  # fmt: skip
+        left.bar(range(len(bars)), [r for _, r in bars], color="tab:blue")
+        left.set_xticks(range(len(bars)), [b for b, _ in bars], fontsize=8)
+        for x, (_, rate) in enumerate(bars):
+            left.text(x, rate, f"{rate:.2f}", ha="center", va="bottom", fontsize=8)
+        left.set_ylim(0, 1.05)
+        left.set_ylabel("success rate (held-out episodes)")
+        left.set_title("\n".join(f"{r['arm']} b{r['beta']} - {r['baseline']}: {r['mean']:+.3f} "
+                                 f"[{r['low']:+.3f}, {r['high']:+.3f}]" for r in paired(report))
+                       or "closed-loop success", fontsize=8)  # fmt: skip
+        _value_panel(right, report)
+        fig.tight_layout()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+    except Exception as exc:  # a picture never fails the run
+        log.warning(f"pipeline picture skipped: {type(exc).__name__}: {exc}")
+        return None
+    return path
+
+
+def _value_panel(ax, report: dict[str, dict]) -> None:
+    """Value and return along four episodes of the last advantages sidecar (the rollouts)."""
+    sidecars = [Path(p) for n, e in report.items() if isinstance(BY_NAME[n], AdvantagesStage)
+                for p in e.get("outputs", {})]  # fmt: skip
+    if not sidecars:
+        ax.set_axis_off()
+        return
+    from recap.core import columns as C
+
+    names = [C.EPISODE_INDEX, C.FRAME_INDEX, C.VALUE_CURRENT, C.RETURN]
+    table = pq.read_table(sidecars[-1], columns=names).to_pandas()
+    first = table[table[C.FRAME_INDEX] == 0].sort_values(C.RETURN)
+    picks = [*first[C.EPISODE_INDEX].iloc[:2], *first[C.EPISODE_INDEX].iloc[-2:]]
+    for k, episode in enumerate(dict.fromkeys(picks)):
+        rows = table[table[C.EPISODE_INDEX] == episode]
+        ax.plot(rows[C.FRAME_INDEX], rows[C.VALUE_CURRENT], color=f"C{k}",
+                label=f"episode {episode}: value")  # fmt: skip
+        ax.plot(rows[C.FRAME_INDEX], rows[C.RETURN], color=f"C{k}", ls="--", lw=0.8,
+                label=f"episode {episode}: return")  # fmt: skip
+    ax.set_xlabel("frame")
+    ax.set_title(f"value model along rollout episodes ({sidecars[-1].parent.parent.name})",
+                 fontsize=9)  # fmt: skip
+    ax.legend(fontsize=6, ncol=2)
 
 
 def _ui_address(uri: str, experiment: str) -> str:

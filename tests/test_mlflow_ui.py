@@ -82,7 +82,7 @@ def tiny_sweep(tmp_path: Path) -> tuple[str, list[str]]:
     for i, (lr, success) in enumerate(zip(LRS, SUCCESS, strict=True)):
         own, scoped = split_params([f"value:deepspeed_config.lr = {lr}"])
         config = load_pipeline(
-            ["demo/pipeline.gin"], own, name=f"lr-{i:03d}", sweep_name="lr",
+            ["demo/scratch.gin"], own, name=f"lr-{i:03d}", sweep_name="lr",
             run_root=str(tmp_path / "runs"),
         )  # fmt: skip
         planned = plan(config, scoped)

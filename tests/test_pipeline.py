@@ -44,7 +44,7 @@ def tiny_params(root: Path) -> list[str]:
 
 def pipeline(root: Path, *extra: str, timeout: int = 600) -> subprocess.CompletedProcess:
     params = [a for p in [*tiny_params(root), *extra] for a in ("--gin_param", p)]
-    cmd = [sys.executable, PIPELINE, "--gin_file", "demo/pipeline.gin", *params]
+    cmd = [sys.executable, PIPELINE, "--gin_file", "demo/scratch.gin", *params]
     done = subprocess.run(
         cmd, cwd=root, env=launch_env(root), capture_output=True, text=True, timeout=timeout
     )
@@ -77,7 +77,7 @@ def tiny(tmp_path_factory):
 def test_four_steps_run_and_print_the_summary(tiny):
     out = tiny["first"].stdout
     assert statuses(out) == {s: "ran" for s in STAGES}
-    headline = next(line for line in out.splitlines() if line.startswith("pipeline 'demo':"))
+    headline = next(line for line in out.splitlines() if line.startswith("pipeline 'scratch':"))
     for words in ("value eval Spearman", "(untrained ", "positive fraction", "policy loss"):
         assert words in headline
     fraction = float(headline.split("positive fraction ")[1].split(",")[0])
@@ -140,7 +140,7 @@ def test_rerun_skips_finished_steps_and_a_changed_binding_reruns_its_dependents(
 
 def fingerprints(tmp_path: Path, *extra: str) -> dict[str, str]:
     own, scoped = split_params([*tiny_params(tmp_path), *extra])
-    config = load_pipeline(["demo/pipeline.gin"], own)
+    config = load_pipeline(["demo/scratch.gin"], own)
     return {name: item.fingerprint for name, item in plan(config, scoped).items()}
 
 
@@ -162,7 +162,7 @@ def test_a_gin_scope_named_like_a_step_is_reached_under_its_step_prefix(tmp_path
     """``value:value/train.max_steps`` is the value step's binding ``value/train.max_steps``
     (gin scope ``value``), not the step's unscoped one."""
     own, scoped = split_params([*tiny_params(tmp_path), "value:value/train.max_steps = 7"])
-    planned = plan(load_pipeline(["demo/pipeline.gin"], own), scoped)
+    planned = plan(load_pipeline(["demo/scratch.gin"], own), scoped)
     assert "value/train.max_steps = 7" in planned["value"].params
     assert "train.max_steps = 2" in planned["value"].params  # tiny_params' own, untouched
     base = fingerprints(tmp_path)
@@ -188,7 +188,7 @@ def test_split_params():
 )
 def test_bad_pipeline_config(tmp_path, param, message):
     with pytest.raises(RecapError, match=message):
-        load_pipeline(["demo/pipeline.gin"], [*split_params(tiny_params(tmp_path))[0], param])
+        load_pipeline(["demo/scratch.gin"], [*split_params(tiny_params(tmp_path))[0], param])
 
 
 def test_bad_step_binding_fails_before_anything_runs(tmp_path, capsys):
@@ -198,7 +198,7 @@ def test_bad_step_binding_fails_before_anything_runs(tmp_path, capsys):
 
     params = [*tiny_params(tmp_path), "value:train.max_stepz = 3"]
     code = main(
-        ["--gin_file", "demo/pipeline.gin", *[a for p in params for a in ("--gin_param", p)]]
+        ["--gin_file", "demo/scratch.gin", *[a for p in params for a in ("--gin_param", p)]]
     )
     assert code == 2
     assert capsys.readouterr().err == (
@@ -214,14 +214,14 @@ def dry_run_error(tmp_path: Path, capsys, *extra: str) -> str:
     from recap.pipeline import main
 
     params = [*tiny_params(tmp_path), *extra]
-    argv = ["--gin_file", "demo/pipeline.gin", "--dry_run"]
+    argv = ["--gin_file", "demo/scratch.gin", "--dry_run"]
     assert main([*argv, *[a for p in params for a in ("--gin_param", p)]]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and not (tmp_path / "runs").exists()
     return captured.err
 
 
-STEPS = "returns, value, advantages, policy, baseline, evaluate, all"
+STEPS = "returns, value, advantages, policy, baseline, sft, finetune, finetune_bc, evaluate, all"
 
 
 @pytest.mark.parametrize(
@@ -289,7 +289,7 @@ def test_sweep_plans_every_point_and_shares_common_steps(tmp_path, capsys):
 
     sweep = tmp_path / "sweep.yaml"
     sweep.write_text(
-        "name: s\ngin_files: [demo/pipeline.gin]\n"
+        "name: s\ngin_files: [demo/scratch.gin]\n"
         'gin_params: [\'pipeline.stages = ["returns", "value", "advantages"]\']\n'
         "grid:\n  value:deepspeed_config.lr: [1.0e-4, 1.0e-3]\n"
         "  advantages:compute_advantages.positive_quantile: [0.3, 0.5]\n"

@@ -28,7 +28,7 @@ from recap.pipeline import (
     summary_table,
 )
 
-# The demo pipeline as shipped (gin/demo/pipeline.gin, no command-line binding), computed by the
+# The demo pipeline as shipped (gin/demo/scratch.gin, no command-line binding), computed by the
 # pipeline before its stages were objects. A change here reruns every demo stage of every run
 # root: only a change to the demo's gin files (what the fingerprint hashes) may move them.
 DEMO_FINGERPRINTS = {
@@ -56,7 +56,7 @@ WIRING = {
         "demo_data/eval/meta/returns.parquet",
     ], []),
     "value": ([], VALUE, [f'train.run_dir = "{VALUE}"'], [f"{VALUE}/model.safetensors"],
-              [f'train.run_dir = "{VALUE}"', 'Tracker.run_name = "demo/value"']),
+              [f'train.run_dir = "{VALUE}"', 'Tracker.run_name = "scratch/value"']),
     "advantages": (
         [f'compute_advantages.model_path = "{VALUE}"'], ADVANTAGES,
         ['compute_advantages.tag = "adv_e3fcd0072ea0"',
@@ -66,13 +66,13 @@ WIRING = {
         [f'compute_advantages.model_path = "{VALUE}"',
          'compute_advantages.tag = "adv_e3fcd0072ea0"',
          f'compute_advantages.output_dir = "{ADVANTAGES}"',
-         'Tracker.run_name = "demo/advantages"'],
+         'Tracker.run_name = "scratch/advantages"'],
     ),
     "policy": ([TAG], POLICY, [f'train.run_dir = "{POLICY}"'], [f"{POLICY}/model.safetensors"],
-               [ZERO1, TAG, f'train.run_dir = "{POLICY}"', 'Tracker.run_name = "demo/policy"']),
+               [ZERO1, TAG, f'train.run_dir = "{POLICY}"', 'Tracker.run_name = "scratch/policy"']),
     "baseline": ([], BASELINE, [f'train.run_dir = "{BASELINE}"'],
                  [f"{BASELINE}/model.safetensors"],
-                 [ZERO1, f'train.run_dir = "{BASELINE}"', 'Tracker.run_name = "demo/baseline"']),
+                 [ZERO1, f'train.run_dir = "{BASELINE}"', 'Tracker.run_name = "scratch/baseline"']),
     "evaluate_policy": (
         [TAG], POLICY, [f'evaluate_policy.run_dir = "{POLICY}"', f'train.run_dir = "{POLICY}"'],
         [], [ZERO1, *EVALUATE, TAG, f'evaluate_policy.run_dir = "{POLICY}"',
@@ -95,13 +95,13 @@ DEPRECATED = (
 @pytest.fixture(scope="module")
 def demo():
     """The demo pipeline as shipped, planned: (config, planned)."""
-    config = load_pipeline(["demo/pipeline.gin"], [])
+    config = load_pipeline(["demo/scratch.gin"], [])
     return config, plan(config, {})
 
 
 def fingerprints(*params: str) -> dict[str, str]:
     own, scoped = split_params(list(params))
-    planned = plan(load_pipeline(["demo/pipeline.gin"], own), scoped)
+    planned = plan(load_pipeline(["demo/scratch.gin"], own), scoped)
     return {name: item.fingerprint for name, item in planned.items()}
 
 
@@ -130,9 +130,19 @@ def test_the_stage_classes_say_what_runs():
          False, True, ("all", "policy", "evaluate")),
         ("EvaluateStage", "evaluate_baseline", "baseline", ("baseline",), evaluate,
          "evaluate_policy", False, True, ("all", "baseline", "evaluate")),
+        ("PolicyStage", "sft", "sft", (), train, "train", True, False, ("all", "sft")),
+        ("FinetuneStage", "finetune", "finetune", ("advantages", "sft"), train, "train", True,
+         False, ("all", "finetune")),
+        ("FinetuneStage", "finetune_bc", "finetune_bc", ("sft",), train, "train", True, False,
+         ("all", "finetune_bc")),
+        ("PairedEvaluateStage", "evaluate_finetune_bc", "finetune_bc", ("finetune_bc",),
+         evaluate, "evaluate_policy", False, True, ("all", "finetune_bc", "evaluate")),
+        ("PairedEvaluateStage", "evaluate_finetune", "finetune", ("finetune",), evaluate,
+         "evaluate_policy", False, True, ("all", "finetune", "evaluate")),
     ]  # fmt: skip
     assert list(BY_NAME) == [s.name for s in STAGES]
-    assert STEP_KEYS == ("returns", "value", "advantages", "policy", "baseline")
+    assert STEP_KEYS == ("returns", "value", "advantages", "policy", "baseline", "sft",
+                         "finetune", "finetune_bc")  # fmt: skip
     assert SCOPES == (*STEP_KEYS, "evaluate", "all")
 
 
@@ -186,7 +196,7 @@ def test_the_summary_reads_as_before_the_stages_were_objects(demo):
         ("success/baseline/beta_1", 0.25), ("success/baseline/beta_2", 0.3),
     ]  # fmt: skip
     assert summary_table(config, report, "sqlite:///mlflow.db").splitlines() == [
-        "pipeline 'demo': value eval Spearman 0.712 (untrained 0.100), positive fraction 0.302, "
+        "pipeline 'scratch': value eval Spearman 0.712 (untrained 0.100), positive fraction 0.302, "
         "policy loss 0.04568, baseline success (beta 1) 0.25, policy success (beta 1) 0.50",
         "step               status   wall  result                                             "
         "                    outputs",
@@ -211,7 +221,7 @@ def test_the_summary_reads_as_before_the_stages_were_objects(demo):
     ]
     partial = {k: report[k] for k in ("returns", "advantages")}
     assert summary_table(config, partial, "u").splitlines()[0] == (
-        "pipeline 'demo': positive fraction 0.302"
+        "pipeline 'scratch': positive fraction 0.302"
     )
 
 
@@ -259,7 +269,7 @@ def test_a_step_colon_binding_reaches_its_step(capsys):
         "evaluate": ["evaluate_policy.num_episodes = 3"],
     }
     own, scoped = split_params(["value:train.max_steps = 5"])
-    planned = plan(load_pipeline(["demo/pipeline.gin"], own), scoped)
+    planned = plan(load_pipeline(["demo/scratch.gin"], own), scoped)
     assert planned["value"].params[0] == "train.max_steps = 5"
     assert all("max_steps" not in p for p in planned["policy"].params)
     assert capsys.readouterr().err == ""  # no deprecation warning
@@ -274,7 +284,7 @@ def test_step_colon_reaches_a_gin_scope_named_like_the_step():
 
     own, scoped = split_params(["value:value/train.max_steps = 1"])
     assert scoped == {"value": ["value/train.max_steps = 1"]}
-    planned = plan(load_pipeline(["demo/pipeline.gin"], own), scoped)
+    planned = plan(load_pipeline(["demo/scratch.gin"], own), scoped)
     item = planned["value"]
     assert item.params[0] == "value/train.max_steps = 1"
     try:
@@ -322,7 +332,7 @@ def test_a_sweep_warns_once_per_old_binding_and_ships_the_colon_form(tmp_path, c
 
     sweep = tmp_path / "sweep.yaml"
     sweep.write_text(
-        "name: s\ngin_files: [demo/pipeline.gin]\n"
+        "name: s\ngin_files: [demo/scratch.gin]\n"
         "gin_params: ['pipeline.stages = [\"returns\", \"value\"]', 'value/train.max_steps = 2']\n"
         "grid:\n  value/deepspeed_config.lr: [1.0e-4, 1.0e-3]\n"
     )

@@ -46,7 +46,7 @@ def args(entry: dict, *extra: str, dry: bool = True) -> list[str]:
               "all:value_data.datasets = [%ALOHA]", "all:value_data.eval_datasets = [%ALOHA]",
               "all:compute_advantages.datasets = [%ALOHA]", "all:policy_data.datasets = [%ALOHA]",
               *extra]  # fmt: skip
-    out = ["--gin_file", "demo/pipeline.gin", *[a for p in params for a in ("--gin_param", p)]]
+    out = ["--gin_file", "demo/scratch.gin", *[a for p in params for a in ("--gin_param", p)]]
     return [*out, "--dry_run"] if dry else out
 
 

@@ -144,7 +144,7 @@ def test_nvme_offload_without_async_io_stops_the_pipeline_plan_in_one_line(
 
     params = [f'pipeline.run_root = "{tmp_path}"', 'policy:deepspeed_config.offload_param = "nvme"',
               f'policy:deepspeed_config.nvme_path = "{tmp_path}"']  # fmt: skip
-    argv = ["--gin_file", "demo/pipeline.gin", "--dry_run"]
+    argv = ["--gin_file", "demo/scratch.gin", "--dry_run"]
     try:
         assert main(argv + [a for p in params for a in ("--gin_param", p)]) == 2
         assert capsys.readouterr().err == f"error: pipeline step policy: {nvme_line}\n"

@@ -162,7 +162,7 @@ def test_the_pipeline_plan_stops_at_an_unknown_tower_in_one_line(tmp_path, capsy
     step, exit 2 (``--dry_run`` too)."""
     from recap.pipeline import main
 
-    argv = ["--gin_file", "demo/pipeline.gin", "--dry_run",
+    argv = ["--gin_file", "demo/scratch.gin", "--dry_run",
             "--gin_param", f'pipeline.run_root = "{tmp_path}"',
             "--gin_param", "policy:pi05_policy.lora = @LoraOptions()",
             "--gin_param", "policy:LoraOptions.target_modules = ['q_proj', 'qkv']"]  # fmt: skip
