@@ -2,19 +2,24 @@
 
 Builds (once, cached under bench/_data/) a rollout dataset the size of the real LIBERO rollout set:
 4,096 episodes, ~1M frames, no cameras (Step 1 never reads them), in both on-disk layouts:
-v2.1 (one parquet per episode) and v3.0 (a few large files). Then, best of 3, interleaved:
+v2.1 (one parquet per episode) and v3.0 (a few large files). Then ``--repeats`` rounds (5), each
+timing both back to back:
   floor  = LocalDataset(root).read_columns([episode_index, frame_index, task_index, is_success])
   step1  = compute_returns(...) for that dataset: read + rewards + returns + stats + atomic write
-Target (issue): Step 1 within 1.5x of the read floor, on a dataset like the real one. The real
-rollout set (LIBERO as converted for RLinf/openpi) is v2.1, so ``met`` is judged on v2.1; the
-v3.0 ratio is printed too: there the floor is 4 compressed integer columns from a few files
-(~0.13 s) and writing the 1M-row sidecar alone costs ~0.05 s of it.
+The times printed are the best over the rounds; each ratio is the median over rounds of that
+round's Step 1 time over its floor (the cores are shared: load that drifts between rounds
+cancels, as in bench/engine.py).
+Targets (issue #42): Step 1 within 1.15x of the read floor in v2.1 (the real rollout set's
+layout, LIBERO as converted for RLinf/openpi) and within 1.5x in v3.0, where the floor is 4
+compressed integer columns from a few files (~0.13 s) and writing the 1M-row sidecar alone
+costs ~0.05 s (Step 1 writes it in the background while it checks the layout and sums up).
 """
 
 from __future__ import annotations
 
 import argparse
 import shutil
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -26,7 +31,8 @@ from recap.data.lerobot import LocalDataset
 from recap.data.lerobot_writer import Episode, WriterConfig, write_lerobot_dataset
 from recap.steps.compute_returns import compute_returns
 
-TARGET = "Step 1 within 1.5x of reading its columns"
+TARGET = "Step 1 within 1.15x (v2.1) and 1.5x (v3.0) of reading its columns"
+LIMITS = {"v2.1": 1.15, "v3.0": 1.5}
 TASKS = [f"libero task number {i}" for i in range(40)]
 
 
@@ -62,19 +68,23 @@ def step1(path: Path) -> None:
     compute_returns(datasets=[{"name": "bench", "root": str(path)}], tag="bench")
 
 
-def best_of(fn, path: Path, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn(path)
-        times.append(time.perf_counter() - t0)
-    return min(times)
+def timed(fn, path: Path) -> float:
+    t0 = time.perf_counter()
+    fn(path)
+    return time.perf_counter() - t0
+
+
+def interleaved(path: Path, repeats: int) -> tuple[float, float, float]:
+    """(best floor, best Step 1, median of the rounds' Step 1 / floor ratios)."""
+    rounds = [(timed(floor, path), timed(step1, path)) for _ in range(repeats)]
+    ratio = statistics.median(s / f for f, s in rounds)
+    return min(f for f, _ in rounds), min(s for _, s in rounds), ratio
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--episodes", type=int, default=4096)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--data", type=Path, default=Path(__file__).parent / "_data")
     parser.add_argument("--clean", action="store_true", help="delete the built datasets after")
     args = parser.parse_args()
@@ -83,21 +93,21 @@ def main() -> None:
         path = build(args.data, version, args.episodes)
         frames = LocalDataset(path).num_frames
         step1(path)  # warm-up: file cache, imports
-        t_floor = best_of(floor, path, args.repeats)
-        t_step = best_of(step1, path, args.repeats)
-        results[version] = (frames, t_floor, t_step)
+        t_floor, t_step, ratio = interleaved(path, args.repeats)
+        results[version] = (frames, t_floor, t_step, ratio)
         print(
             f"{version}: {frames} frames  read floor {t_floor * 1e3:.0f} ms  "
-            f"Step 1 {t_step * 1e3:.0f} ms  ratio {t_step / t_floor:.2f}"
+            f"Step 1 {t_step * 1e3:.0f} ms  ratio {ratio:.2f}"
         )
         if args.clean:
             shutil.rmtree(path)
-    frames, f21, s21 = results["v2.1"]
-    _, f30, s30 = results["v3.0"]
+    frames, f21, s21, r21 = results["v2.1"]
+    _, f30, s30, r30 = results["v3.0"]
+    met = all(results[v][3] <= limit for v, limit in LIMITS.items())
     print(
         f"RESULT: frames={frames} v21_floor_s={f21:.3f} v21_step1_s={s21:.3f} "
-        f"v21_ratio={s21 / f21:.2f} v30_floor_s={f30:.3f} v30_step1_s={s30:.3f} "
-        f'v30_ratio={s30 / f30:.2f} target="{TARGET}" met={"yes" if s21 / f21 <= 1.5 else "no"}'
+        f"v21_ratio={r21:.2f} v30_floor_s={f30:.3f} v30_step1_s={s30:.3f} "
+        f'v30_ratio={r30:.2f} target="{TARGET}" met={"yes" if met else "no"}'
     )
 
 

@@ -44,10 +44,12 @@ def discounted_returns(rewards: np.ndarray, episodes: Episodes, gamma: float) ->
         raise RecapError(f"gamma: {gamma} is outside (0, 1]; use a discount in (0, 1]")
     rewards = np.asarray(rewards, dtype=np.float64)
     if gamma == 1.0:
-        suffix = np.cumsum(rewards[::-1])[::-1]  # sum_{k>=t} over the whole column
+        # worked back to front (contiguous, not through a reversed view: twice as fast)
+        backward = np.cumsum(rewards[::-1])  # backward[i] = sum_{k>=n-1-i} over the whole column
         after_episode = np.zeros(episodes.episode_ids.shape[0])  # sum beyond each episode's end
-        after_episode[:-1] = suffix[episodes.ends[:-1]]
-        return suffix - after_episode[episodes.episode_of]
+        after_episode[:-1] = backward[backward.shape[0] - 1 - episodes.ends[:-1]]
+        backward -= np.repeat(after_episode[::-1], episodes.lengths[::-1])
+        return np.ascontiguousarray(backward[::-1])
     g = rewards.copy()
     end_of = episodes.end_of
     idx = np.arange(g.shape[0], dtype=np.int64)
@@ -71,7 +73,13 @@ def episode_success(outcome: np.ndarray, episodes: Episodes) -> np.ndarray:
     outcome = np.asarray(outcome).reshape(episodes.num_frames, -1)[:, 0]
     if outcome.dtype != bool:  # by value, never truthiness: 'no', NaN and 2 are refused
         outcome = C.as_flags(pa.array(outcome), "outcome")
-    return outcome[episodes.order][episodes.ends - 1]
+    return outcome[last_rows(episodes)]
+
+
+def last_rows(episodes: Episodes) -> np.ndarray:
+    """int64[E] the row (in the table's order) of each episode's last frame."""
+    ends = episodes.ends - 1
+    return ends if episodes.presorted else episodes.order[ends]
 
 
 def add_returns(
@@ -103,17 +111,23 @@ def add_returns(
             table.column(C.EPISODE_INDEX).to_numpy(), table.column(C.FRAME_INDEX).to_numpy()
         )
     if success is None:
-        flags = C.as_flags(table.column(outcome_column), outcome_column)  # nulls, 2, 'no' refused
-        success = episode_success(flags, episodes)
+        column = table.column(outcome_column)
+        if pa.types.is_boolean(column.type) and column.null_count == 0:  # nothing to refuse
+            rows = pa.array(last_rows(episodes))
+            success = column.take(rows).to_numpy(zero_copy_only=False)
+        else:
+            flags = C.as_flags(column, outcome_column)  # nulls, 2, 'no' refused
+            success = episode_success(flags, episodes)
     rewards = compute_rewards(episodes, success, failure_reward)
     returns = discounted_returns(rewards, episodes, gamma)
-    order = episodes.order
     if prompts is None:
         prompt_col = pa.DictionaryArray.from_arrays(
             pa.array(np.zeros(episodes.num_frames, dtype=np.int32)), pa.array([""])
         )
+    elif episodes.presorted or _is_identity(episodes.order):
+        prompt_col = prompts
     else:
-        prompt_col = prompts if _is_identity(order) else prompts.take(pa.array(order))
+        prompt_col = prompts.take(pa.array(episodes.order))
     schema = C.RETURNS_SCHEMA.set(
         C.RETURNS_SCHEMA.get_field_index(C.PROMPT), pa.field(C.PROMPT, prompt_col.type)
     )

@@ -264,6 +264,7 @@ class LocalDataset:
         self._videos = VideoCache()
         self._row_groups: OrderedDict[tuple[int, int, str], pa.Array] = OrderedDict()
         self._parquets: OrderedDict[int, tuple[pq.ParquetFile, np.ndarray]] = OrderedDict()
+        self._first: pq.ParquetFile | None = None  # data file 0, its footer parsed once
         self._pid = os.getpid()
 
     # ---- metadata -------------------------------------------------------------------------
@@ -363,12 +364,25 @@ class LocalDataset:
     @cached_property
     def _file_offsets(self) -> np.ndarray:
         """int64[num_files + 1]: first global row of each data file (from parquet footers)."""
-        rows = [_parquet_file(p).metadata.num_rows for p in self.data_files]
+        rows = [self._data_file(f).metadata.num_rows for f in range(len(self.data_files))]
         return np.concatenate([[0], np.cumsum(rows, dtype=np.int64)])
 
     @cached_property
     def _schema_names(self) -> list[str]:
-        return _parquet_file(self.data_files[0]).schema_arrow.names if self.data_files else []
+        return self._data_file(0).schema_arrow.names if self.data_files else []
+
+    def _data_file(self, f: int) -> pq.ParquetFile:
+        """Data file ``f`` opened; the first stays open, so ``has_column`` and then
+        ``read_columns`` parse its footer once (in v3.0 a footer of ~1 MB: a row group per
+        episode)."""
+        if f != 0:
+            return _parquet_file(self.data_files[f])
+        if self._pid != os.getpid():  # forked: do not share open files with the parent
+            self._parquets, self._row_groups, self._pid = OrderedDict(), OrderedDict(), os.getpid()
+            self._first = None
+        if self._first is None:
+            self._first = _parquet_file(self.data_files[0])
+        return self._first
 
     def has_column(self, name: str) -> bool:
         """Whether the parquet data has column ``name`` (video cameras are not columns)."""
@@ -390,8 +404,8 @@ class LocalDataset:
         """
         columns = list(columns)
         tables = []
-        for path in self.data_files:
-            pf = _parquet_file(path)
+        for f, path in enumerate(self.data_files):
+            pf = self._data_file(f)
             _require_columns(path, pf.schema_arrow.names, columns)
             tables.append(_typed_columns(path, pf, _read_parquet(path, columns, pf), flags))
         table = _concat(tables, self.root / "data")
@@ -421,8 +435,11 @@ class LocalDataset:
         where = self.root / "meta" / ("episodes" if self.version == "v3.0" else "episodes.jsonl")
         meta_ids = self.episodes.column("episode_index").to_numpy()
         meta_len = self.episodes.column("length").to_numpy()
-        only_meta = np.setdiff1d(meta_ids, episodes.episode_ids)
-        only_data = np.setdiff1d(episodes.episode_ids, meta_ids)
+        same_ids = np.array_equal(meta_ids, episodes.episode_ids)  # the usual case: no sets
+        only_meta = only_data = np.zeros(0, np.int64)
+        if not same_ids:
+            only_meta = np.setdiff1d(meta_ids, episodes.episode_ids)
+            only_data = np.setdiff1d(episodes.episode_ids, meta_ids)
         if only_meta.size or only_data.size:
             e = int(only_meta[0]) if only_meta.size else int(only_data[0])
             said = "lists" if only_meta.size else "does not list"
@@ -434,15 +451,17 @@ class LocalDataset:
                     "the metadata or the data (re-export the dataset)",
                 )
             )
-        pos = np.searchsorted(meta_ids, episodes.episode_ids)
-        bad = meta_len[pos] != episodes.lengths
+        said_len = (
+            meta_len if same_ids else meta_len[np.searchsorted(meta_ids, episodes.episode_ids)]
+        )
+        bad = said_len != episodes.lengths
         if bad.any():
             i = int(np.argmax(bad))
             raise DatasetError(
                 located(
                     where,
                     f"length: episode {int(episodes.episode_ids[i])} has length "
-                    f"{int(meta_len[pos[i]])} but the data files hold {int(episodes.lengths[i])} "
+                    f"{int(said_len[i])} but the data files hold {int(episodes.lengths[i])} "
                     "frames of it; restore the metadata or the data (re-export the dataset)",
                 )
             )
@@ -469,7 +488,11 @@ class LocalDataset:
         texts = pa.array([self.tasks[i] for i in ids.tolist()], pa.string())
         lut = np.full(int(ids.max(initial=-1)) + 2, -1, dtype=np.int32)  # last slot: unknown
         lut[ids] = np.arange(ids.size, dtype=np.int32)
-        pos = lut[np.where((task_index >= 0) & (task_index < lut.size - 1), task_index, -1)]
+        inside = task_index.size == 0 or (task_index.min() >= 0 and task_index.max() < lut.size - 1)
+        if inside:  # the usual case: two reductions, no masks
+            pos = lut[task_index]
+        else:
+            pos = lut[np.where((task_index >= 0) & (task_index < lut.size - 1), task_index, -1)]
         bad = pos < 0
         if bad.any():
             tasks_file = "tasks.parquet" if self.version == "v3.0" else "tasks.jsonl"
@@ -550,9 +573,10 @@ class LocalDataset:
         """Data file ``f`` (kept open, LRU of 4) and the first local row of each row group."""
         if self._pid != os.getpid():  # forked: do not share open files with the parent
             self._parquets, self._row_groups, self._pid = OrderedDict(), OrderedDict(), os.getpid()
+            self._first = None
         entry = self._parquets.get(f)
         if entry is None:
-            pf = _parquet_file(self.data_files[f])
+            pf = self._data_file(f)
             sizes = [pf.metadata.row_group(i).num_rows for i in range(pf.num_row_groups)]
             entry = self._parquets[f] = (pf, np.concatenate([[0], np.cumsum(sizes)]))
             while len(self._parquets) > 4:
@@ -641,6 +665,7 @@ class LocalDataset:
         self._videos.close()
         self._row_groups.clear()
         self._parquets.clear()
+        self._first = None
 
     def __enter__(self) -> LocalDataset:
         return self
@@ -651,10 +676,11 @@ class LocalDataset:
     def __getstate__(self) -> dict:
         """Pickle without open decoders (for DataLoader workers started with spawn)."""
         state = self.__dict__.copy()
-        state["_videos"], state["_row_groups"], state["_parquets"] = (
+        state["_videos"], state["_row_groups"], state["_parquets"], state["_first"] = (
             VideoCache(),
             OrderedDict(),
             OrderedDict(),
+            None,
         )
         return state
 

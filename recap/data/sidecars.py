@@ -11,7 +11,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tempfile
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -143,17 +145,68 @@ def check_finite(path: Path, table: pa.Table, names: list[str]) -> None:
             )
 
 
-def write_returns(root: str | os.PathLike, tag: str, table: pa.Table, stats: dict) -> Path:
-    """Write the Step 1 sidecar and its statistics; returns the parquet path."""
+class StagedWrites:
+    """Files written in the background (one thread, in order) into temporary files beside their
+    destinations, all moved into place by ``commit`` once every one was written. Leaving the
+    ``with`` block without a commit (an error anywhere) removes them and replaces nothing.
+
+    Step 1 writes a dataset's sidecar (~50 ms for 1M rows, outside the GIL) while it checks and
+    summarises that dataset and reads the next one."""
+
+    def __init__(self):
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="recap-sidecar")
+        self._staged: list[tuple[Future, Path, Path]] = []
+
+    def add(self, dest: str | os.PathLike, writer: Callable[[Path], None]) -> None:
+        """Start ``writer(tmp)`` for ``dest``; its errors surface at ``commit``."""
+        dest = Path(dest)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+        os.close(fd)
+        self._staged.append((self._pool.submit(_fill, writer, Path(tmp)), Path(tmp), dest))
+
+    def commit(self) -> None:
+        for future, _, _ in self._staged:
+            future.result()
+        while self._staged:
+            _, tmp, dest = self._staged.pop(0)
+            os.replace(tmp, dest)
+
+    def __enter__(self) -> StagedWrites:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._pool.shutdown(wait=True)
+        for _, tmp, _ in self._staged:
+            tmp.unlink(missing_ok=True)
+        self._staged.clear()
+
+
+def _fill(writer: Callable[[Path], None], tmp: Path) -> None:
+    writer(tmp)
+    os.chmod(tmp, 0o644)  # readable by all, as a plain write leaves it (not mkstemp's 0600)
+
+
+def stage_returns_table(staged: StagedWrites, root: str | os.PathLike, tag: str, table: pa.Table):
+    """Start writing the Step 1 sidecar ``meta/returns_{tag}.parquet``; returns its path."""
     check_tag(tag)
     check_schema(table, C.RETURNS_SCHEMA)
     path = sidecar_path(root, RETURNS, tag)
-    write_atomic(
-        {
-            path: table_writer(table),
-            sidecar_path(root, RETURNS, tag, ".json"): json_writer(stats),
-        }
-    )
+    staged.add(path, table_writer(table))
+    return path
+
+
+def stage_returns_stats(staged: StagedWrites, root: str | os.PathLike, tag: str, stats: dict):
+    """Start writing the sidecar's statistics ``meta/returns_{tag}.json``."""
+    staged.add(sidecar_path(root, RETURNS, tag, ".json"), json_writer(stats))
+
+
+def write_returns(root: str | os.PathLike, tag: str, table: pa.Table, stats: dict) -> Path:
+    """Write the Step 1 sidecar and its statistics (both or neither); returns the parquet path."""
+    with StagedWrites() as staged:
+        path = stage_returns_table(staged, root, tag, table)
+        stage_returns_stats(staged, root, tag, stats)
+        staged.commit()
     return path
 
 

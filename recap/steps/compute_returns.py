@@ -1,7 +1,9 @@
 """Step 1: per-frame returns of several LeRobot datasets into ``meta/returns_{tag}.parquet``.
 
-All datasets are read and computed before anything is written, so a bad dataset anywhere in the
-list leaves every directory untouched. The datasets' own files are only read.
+Each dataset's files are written into temporary files beside their destinations in the
+background (while the next dataset is read) and none is moved into place before every dataset
+was computed and every file written: a bad dataset anywhere in the list leaves every directory
+as it was (the temporary files removed). The datasets' own files are only read.
 """
 
 from __future__ import annotations
@@ -24,11 +26,21 @@ from recap.core.returns import (
     return_stats,
 )
 from recap.data.lerobot import LocalDataset
-from recap.data.sidecars import SOURCE, check_tag, dataset_source, write_returns
+from recap.data.sidecars import (
+    SOURCE,
+    StagedWrites,
+    check_tag,
+    dataset_source,
+    stage_returns_stats,
+    stage_returns_table,
+)
 from recap.data.specs import DatasetSpec, parse_dataset_specs
 from recap.errors import DatasetError, RecapError, located
 
 log = logs.get(__name__)
+# Code version in the fingerprints of this step's stages: bump it when its results change (those
+# stages and the ones after them rerun); tests check it against recap/workflow/code_versions.json.
+STEP_VERSION = "1"
 
 
 @dataclass
@@ -48,9 +60,16 @@ class ReturnsResult:
 
 
 def returns_for_dataset(
-    spec: DatasetSpec, gamma: float, failure_reward: float, outcome_column: str
+    spec: DatasetSpec,
+    gamma: float,
+    failure_reward: float,
+    outcome_column: str,
+    staged: StagedWrites | None = None,
+    tag: str = "",
 ) -> ReturnsResult:
-    """Read one dataset's columns and compute its returns sidecar (writes nothing)."""
+    """Read one dataset's columns and compute its returns sidecar. With ``staged``, its files
+    (tag ``tag``) are staged there as soon as each is known: the sidecar is written while the
+    layout is checked and the statistics computed (nothing is in place before the commit)."""
     gamma = spec.gamma if spec.gamma is not None else gamma
     failure_reward = spec.failure_reward if spec.failure_reward is not None else failure_reward
     outcome = spec.outcome_column or outcome_column
@@ -69,38 +88,49 @@ def returns_for_dataset(
         # the outcome is read by value (bool, or exactly 0/1), never by truthiness
         table = ds.read_columns(wanted + rollout, check_frames=False, flags=rollout)
         episodes = ds.check_frames(table)
-        ds.check_layout(episodes)  # data, meta/episodes and info.json agree on the frames
         prompts = ds.task_text_array(table.column(C.TASK_INDEX).to_numpy())
+        try:
+            sidecar = add_returns(
+                table,
+                gamma=gamma,
+                failure_reward=failure_reward,
+                success=None if spec.type == C.ROLLOUT else np.ones(episodes.lengths.size, bool),
+                outcome_column=outcome,
+                prompts=prompts,
+                episodes=episodes,
+            )
+        except RecapError as exc:
+            raise DatasetError(located(spec.root / "data", str(exc))) from exc
+        if staged is not None:
+            stage_returns_table(staged, spec.root, tag, sidecar)
+        ds.check_layout(episodes)  # data, meta/episodes and info.json agree on the frames
         # what readers compare against (stale sidecars), from the open dataset: its rows were
         # all just read, so their count needs no second pass over the footers
         source = dataset_source(spec.root, ds, num_frames=table.num_rows)
-    try:
-        sidecar = add_returns(
-            table,
-            gamma=gamma,
-            failure_reward=failure_reward,
-            success=None if spec.type == C.ROLLOUT else np.ones(episodes.lengths.size, bool),
-            outcome_column=outcome,
-            prompts=prompts,
-            episodes=episodes,
-        )
-    except RecapError as exc:
-        raise DatasetError(located(spec.root / "data", str(exc))) from exc
     stats = _stats(spec, sidecar, gamma, failure_reward, outcome)
     stats[SOURCE] = source
+    if staged is not None:
+        stage_returns_stats(staged, spec.root, tag, stats)
     return ReturnsResult(spec, sidecar, stats)
 
 
 def _stats(spec: DatasetSpec, table: pa.Table, gamma: float, failure: float, outcome: str):
     returns = table.column(C.RETURN).to_numpy()
     episode = table.column(C.EPISODE_INDEX).to_numpy()
-    last = np.append(episode[1:] != episode[:-1], True)
+    last = np.flatnonzero(episode[1:] != episode[:-1])  # each episode's last row, in row order
+    last = np.append(last, episode.size - 1)
     lengths = table.column(C.FRAME_INDEX).to_numpy()[last] + 1
     successes = int(np.sum(table.column(C.REWARD).to_numpy()[last] == 0.0))
-    prompts = pc.dictionary_encode(table.column(C.PROMPT).filter(pa.array(last))).combine_chunks()
-    longest = np.zeros(len(prompts.dictionary), dtype=np.int64)
-    np.maximum.at(longest, prompts.indices.to_numpy(), lengths)
-    longest_by_task = dict(zip(prompts.dictionary.to_pylist(), longest.tolist()))
+    prompt = table.column(C.PROMPT).combine_chunks()
+    if not pa.types.is_dictionary(prompt.type):
+        prompt = pc.dictionary_encode(prompt)
+    codes = prompt.indices.to_numpy()[last]  # the dictionary's entries, not yet its used ones
+    used, codes = np.unique(codes, return_inverse=True)
+    longest = np.zeros(used.size, dtype=np.int64)
+    np.maximum.at(longest, codes, lengths)
+    longest_by_task: dict[str, int] = {}
+    for text, n in zip(prompt.dictionary.take(pa.array(used)).to_pylist(), longest.tolist()):
+        longest_by_task[text] = max(n, longest_by_task.get(text, n))  # tasks, not episodes
     return {
         **return_stats(returns),
         "dataset_name": spec.name,
@@ -109,7 +139,7 @@ def _stats(spec: DatasetSpec, table: pa.Table, gamma: float, failure: float, out
         "failure_reward": float(failure),
         "outcome_column": outcome if spec.type == C.ROLLOUT else None,
         "num_frames": int(returns.size),
-        "num_episodes": int(last.sum()),
+        "num_episodes": int(last.size),
         "num_successes": successes,
         "task_max_episode_length": longest_by_task,
         "recap_version": __version__,
@@ -128,12 +158,13 @@ def compute_returns(
     """Step 1: compute per-frame returns and write ``meta/returns_{tag}.parquet`` per dataset."""
     check_tag(tag)
     specs = parse_dataset_specs(datasets, data_root)
-    results = [
-        returns_for_dataset(spec, gamma, failure_reward, outcome_column)
-        for spec in tqdm(specs, desc="returns", unit="dataset", disable=None)
-    ]
+    with StagedWrites() as staged:  # each sidecar written while the next dataset is read
+        results = [
+            returns_for_dataset(spec, gamma, failure_reward, outcome_column, staged, tag)
+            for spec in tqdm(specs, desc="returns", unit="dataset", disable=None)
+        ]
+        staged.commit()  # every dataset computed and every file written: all moved into place
     for result in results:
-        write_returns(result.spec.root, tag, result.table, result.stats)
         log.info(result.summary())
     low = min(r.stats["return_min"] for r in results)
     high = max(r.stats["return_max"] for r in results)

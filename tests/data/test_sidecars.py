@@ -69,6 +69,23 @@ def test_failed_write_replaces_nothing(tmp_path):
     assert {p.name: p.read_bytes() for p in (tmp_path / "meta").iterdir()} == before
 
 
+def test_staged_writes_replace_all_or_nothing(tmp_path):
+    sidecars.write_returns(tmp_path, "", _returns_table(), {"x": 1})
+    before = {p.name: p.read_bytes() for p in (tmp_path / "meta").iterdir()}
+
+    def boom(tmp):
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError, match="disk full"), sidecars.StagedWrites() as staged:
+        sidecars.stage_returns_table(staged, tmp_path, "", _returns_table())  # written fine
+        staged.add(tmp_path / "meta" / "returns.json", boom)
+        staged.commit()
+    assert {p.name: p.read_bytes() for p in (tmp_path / "meta").iterdir()} == before
+    with sidecars.StagedWrites() as staged:  # left without a commit: nothing, no temporary
+        sidecars.stage_returns_stats(staged, tmp_path, "", {"x": 2})
+    assert {p.name: p.read_bytes() for p in (tmp_path / "meta").iterdir()} == before
+
+
 def test_missing_sidecar_names_file_and_fix(tmp_path):
     with pytest.raises(DatasetError) as err:
         sidecars.read_returns(tmp_path, "nope")

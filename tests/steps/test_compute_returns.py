@@ -119,6 +119,12 @@ def _frame_gap(root):
     pq.write_table(t, path)
 
 
+def _total_frames(root):  # found after the bad dataset's sidecar began to be written
+    info = json.loads((root / "meta" / "info.json").read_text())
+    info["total_frames"] += 1
+    (root / "meta" / "info.json").write_text(json.dumps(info))
+
+
 def _bad_version(root):
     info = json.loads((root / "meta" / "info.json").read_text())
     info["codebase_version"] = "v9.9"
@@ -139,6 +145,7 @@ BAD_INPUTS = {
     "gap": (_frame_gap, ["frame_index", "gap"]),
     "version": (_bad_version, ["info.json", "codebase_version", "v9.9"]),
     "no_info": (lambda r: (r / "meta" / "info.json").unlink(), ["info.json"]),
+    "total_frames": (_total_frames, ["info.json", "total_frames is"]),
 }
 
 
