@@ -27,9 +27,10 @@ single processes. Several nodes: ``pipeline.hostfile`` / ``num_nodes`` / ``maste
 ``multinode_launcher`` add ``--hostfile`` / ``--num_nodes`` / ``--master_addr`` / ``--launcher``
 to every ``deepspeed`` command (``ranks`` is then per node).
 
-Content-addressed outputs: a stage's fingerprint hashes its full gin configuration (gin's
-``config_str()`` of its files plus the extra ones, complete; ``Tracker`` bindings left out) and
-the fingerprints of the stages it needs. Its run directory is
+Content-addressed outputs: a stage's fingerprint hashes its resolved configuration (every
+parameter of the configurables its step reads, bound value or default, canonical JSON;
+``Tracker`` left out), its step's ``STEP_VERSION`` and the fingerprints of the stages it needs
+(``recap.workflow.fingerprints``; binding a default changes nothing). Its run directory is
 ``{run_root}/{stage}/{fingerprint[:12]}`` and the advantages tag
 ``adv_{fingerprint[:12]}``, so rerunning the same configuration skips finished stages, changing
 one binding reruns only that stage and those after it (an interrupted training resumes from its
@@ -65,6 +66,7 @@ from recap import logs, registry
 from recap.cli import parse_gin
 from recap.config_check import bound, check_required, macros_read
 from recap.errors import RecapError
+from recap.workflow.fingerprints import stage_fingerprint
 
 log = logs.get(__name__)
 MARKERS = ".pipeline"
@@ -584,11 +586,11 @@ _TRACKER_LINE = re.compile(r"^(\S+/)?(\S+\.)?Tracker\.\w+ = ")
 
 
 def config_text(where: str) -> str:
-    """The parsed gin config that fingerprints a stage: gin's public ``config_str()``, complete
-    (every binding and macro on one line each, nothing truncated), less ``Tracker`` bindings
-    (where a run is logged, not what it computes). Raises rather than hash something partial."""
+    """The parsed gin config of a stage (gin's public ``config_str()``), less ``Tracker``
+    bindings: which configurables are bound, in which scopes, for its fingerprint to resolve
+    (``recap.workflow.fingerprints``). Raises rather than fingerprint something partial."""
     try:
-        text = gin.config_str(max_line_length=1_000_000)
+        text = gin.config_str(max_line_length=10_000)
     except Exception as exc:
         raise RecapError(
             f"pipeline step {where}: gin.config_str() failed ({type(exc).__name__}: {exc}); "
@@ -633,11 +635,8 @@ def _plan(config: PipelineConfig, scoped: dict[str, list[str]]) -> dict[str, Pla
         extra = [b for k in stage.scopes for b in (*config.bindings.get(k, []), *scoped.get(k, []))]
         inputs = stage.inputs(planned)
         _parse_step(files, [*extra, *inputs], name)
-        digest = hashlib.sha256()
-        digest.update(json.dumps([name, config_text(name)]).encode())
-        for need in stage.needs:
-            digest.update(planned[need].fingerprint.encode())
-        fingerprint = digest.hexdigest()
+        needs = [planned[need].fingerprint for need in stage.needs]
+        fingerprint = stage_fingerprint(name, stage.entry, config_text(name), needs)
         run_dir, owned = stage.owned(fingerprint, planned, config.run_root)
         params = [*extra, *inputs, *owned]
         if stage.distributed:  # the steps that track themselves in MLflow

@@ -256,11 +256,13 @@ def test_a_typo_in_a_model_size_or_a_step_name_is_one_line_before_any_launch(
 
 def test_a_fingerprint_hashes_the_complete_config_and_fails_loudly(tmp_path, monkeypatch):
     """Values that differ after character 6,000 (MLflow's param limit) are different stages;
-    Tracker bindings (where a run is logged) are not; no config text, no plan."""
+    a macro counts through the values that read it; Tracker bindings (where a run is logged) do
+    not count; no config text, no plan."""
     import gin
 
-    base = fingerprints(tmp_path, f'value:NOTE = "{"x" * 7000}a"')
-    other = fingerprints(tmp_path, f'value:NOTE = "{"x" * 7000}b"')
+    note = f'value:NOTE = "{"x" * 7000}a"'
+    base = fingerprints(tmp_path, note, "value:train.step_name = %NOTE")
+    other = fingerprints(tmp_path, note[:-2] + 'b"', "value:train.step_name = %NOTE")
     assert {k for k in base if base[k] != other[k]} == {
         "value",
         "advantages",
@@ -268,12 +270,17 @@ def test_a_fingerprint_hashes_the_complete_config_and_fails_loudly(tmp_path, mon
         "evaluate_policy",
     }
     tracked = fingerprints(
-        tmp_path, f'value:NOTE = "{"x" * 7000}a"', 'all:Tracker.experiment = "e"'
+        tmp_path, note, "value:train.step_name = %NOTE", 'all:Tracker.experiment = "e"'
     )
     assert tracked == base
+    assert fingerprints(tmp_path, note) == fingerprints(tmp_path)  # a macro nothing reads
 
-    def broken(*args, **kwargs):
-        raise AttributeError("'Configurable' object has no attribute 'selector'")
+    config_str = gin.config_str
+
+    def broken(*args, **kwargs):  # in config_text only (parsing reads config_str too)
+        if sys._getframe(1).f_code.co_name == "config_text":
+            raise AttributeError("'Configurable' object has no attribute 'selector'")
+        return config_str(*args, **kwargs)
 
     monkeypatch.setattr(gin, "config_str", broken)
     with pytest.raises(RecapError) as err:

@@ -1,6 +1,6 @@
 """The pipeline's stages as objects, planned on the demo pipeline (gin only, nothing launched):
-each stage's bindings, run directory and outputs as literal strings, its summary figures, the
-fingerprints of before the stages became objects (so existing run roots are reused), and the
+each stage's bindings, run directory and outputs as literal strings, its summary figures, its
+fingerprint (pinned: a move reruns every run root's demo stages), and the
 ``STEP:binding`` command-line syntax (the older ``STEP/binding`` still works, with a warning)."""
 
 from __future__ import annotations
@@ -28,23 +28,26 @@ from recap.pipeline import (
     summary_table,
 )
 
-# The demo pipeline as shipped (gin/demo/scratch.gin, no command-line binding), computed by the
-# pipeline before its stages were objects. A change here reruns every demo stage of every run
-# root: only a change to the demo's gin files (what the fingerprint hashes) may move them.
+# The from-scratch demo pipeline as shipped (gin/demo/scratch.gin, no command-line binding; it was
+# gin/demo/pipeline.gin, with the same bindings, until RLinf's recipe became `make demo`), computed
+# over each stage's resolved config and its step's STEP_VERSION (they moved once from the
+# config_str() fingerprints, #38). A change here reruns every demo stage of every run root: only a
+# change to what they hash may move them (the demo's gin files, a default of a configurable its
+# steps read, a STEP_VERSION).
 DEMO_FINGERPRINTS = {
-    "returns": "b419cfe8ab9d2e71dce70bf4d8d9ba729a266f26fe2eddf72e6fc64753d08946",
-    "value": "909911a0932ba627a61bf759f4515dc2cb2e801ed2d53726f33b9bb6b12a1281",
-    "advantages": "e3fcd0072ea092462f035ebceed28a13ae171c6896b935ee51dc848ddd3eb931",
-    "policy": "bc0d600e402021090c2a4086f17aa6bcdabf7d79950db98ca5963e041fea17fd",
-    "baseline": "9051ad3e9308e6be6fc836619cf5b3a838936fb04be457900da1fc09d6e9cfb9",
-    "evaluate_policy": "bccd8acf94933b8b888493164b56fab98abddffb928706febc4eef76b3ce3399",
-    "evaluate_baseline": "7c06fc237432c3682ac3a858326eb4699dfec7d487f51a8f53c9a49e2b771bb4",
+    "returns": "449213778227ce201bc9e49fe1437f624b5ba89d49b0634f478af40962628a6c",
+    "value": "a3bc8db5b94a046d6d4e463f5d33b25ab9eb5c5a0c1fad258ea88696edfa0609",
+    "advantages": "aeead72894a36c2a9743d6ed003835c1c57694db5a01c87f56601c02ffe8fe3c",
+    "policy": "b847e0dd2f25fda02fee3c33a027e523a6cc4a66ab4d86f25c3c10f8c8bad9f6",
+    "baseline": "2167f5f99ba90a7ab704e84f5cb02c38517902d2400343deba46ff2daaa0686f",
+    "evaluate_policy": "6cfcfa75f3adb535487ab9de7d41b3c553db29c4964f6da8d5c9c64326a95383",
+    "evaluate_baseline": "e65d7696eeaea7ba93b51d00ad995045e4ab1d3217c5073e7b0ab1d3c25e4a89",
 }
-VALUE = "runs/pipeline/value/909911a0932b"
-ADVANTAGES = "runs/pipeline/advantages/e3fcd0072ea0"
-POLICY = "runs/pipeline/policy/bc0d600e4020"
-BASELINE = "runs/pipeline/baseline/9051ad3e9308"
-TAG = 'policy_data.advantages_tag = "adv_e3fcd0072ea0"'
+VALUE = "runs/pipeline/value/a3bc8db5b94a"
+ADVANTAGES = "runs/pipeline/advantages/aeead72894a3"
+POLICY = "runs/pipeline/policy/b847e0dd2f25"
+BASELINE = "runs/pipeline/baseline/2167f5f99ba9"
+TAG = 'policy_data.advantages_tag = "adv_aeead72894a3"'
 ZERO1 = "deepspeed_config.zero_stage = 1"
 EVALUATE = ["evaluate_policy.num_episodes = 100", "evaluate_policy.betas = [1.0, 2.0]"]
 
@@ -59,12 +62,12 @@ WIRING = {
               [f'train.run_dir = "{VALUE}"', 'Tracker.run_name = "scratch/value"']),
     "advantages": (
         [f'compute_advantages.model_path = "{VALUE}"'], ADVANTAGES,
-        ['compute_advantages.tag = "adv_e3fcd0072ea0"',
+        ['compute_advantages.tag = "adv_aeead72894a3"',
          f'compute_advantages.output_dir = "{ADVANTAGES}"'],
-        ["demo_data/sft/meta/advantages_adv_e3fcd0072ea0.parquet",
-         "demo_data/rollout/meta/advantages_adv_e3fcd0072ea0.parquet"],
+        ["demo_data/sft/meta/advantages_adv_aeead72894a3.parquet",
+         "demo_data/rollout/meta/advantages_adv_aeead72894a3.parquet"],
         [f'compute_advantages.model_path = "{VALUE}"',
-         'compute_advantages.tag = "adv_e3fcd0072ea0"',
+         'compute_advantages.tag = "adv_aeead72894a3"',
          f'compute_advantages.output_dir = "{ADVANTAGES}"',
          'Tracker.run_name = "scratch/advantages"'],
     ),
@@ -105,7 +108,7 @@ def fingerprints(*params: str) -> dict[str, str]:
     return {name: item.fingerprint for name, item in planned.items()}
 
 
-def test_the_demo_fingerprints_are_those_of_before_the_stages_were_objects(demo):
+def test_the_demo_fingerprints_are_pinned(demo):
     _, planned = demo
     assert {name: item.fingerprint for name, item in planned.items()} == DEMO_FINGERPRINTS
 

@@ -72,6 +72,9 @@ from recap.processing.value import read_value_processor
 from recap.steps.relabel import frame_columns
 
 log = logs.get(__name__)
+# Code version in the fingerprints of this step's stages: bump it when its results change (those
+# stages and the ones after them rerun); tests check it against recap/workflow/code_versions.json.
+STEP_VERSION = "1"
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}
 

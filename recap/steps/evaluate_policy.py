@@ -53,6 +53,9 @@ from recap.processing.pi05 import (
 from recap.processing.prompts import PLAIN, POSITIVE_ONLY
 
 log = logs.get(__name__)
+# Code version in the fingerprints of this step's stages: bump it when its results change (those
+# stages and the ones after them rerun); tests check it against recap/workflow/code_versions.json.
+STEP_VERSION = "1"
 RESULTS_FILE = "closed_loop.json"
 
 

@@ -26,6 +26,9 @@ from recap.engine.trainer import FitResult, LoopOptions, fit
 from recap.errors import RecapError
 
 log = logs.get(__name__)
+# Code version in the fingerprints of this step's stages: bump it when its results change (those
+# stages and the ones after them rerun); tests check it against recap/workflow/code_versions.json.
+STEP_VERSION = "1"
 
 
 @gin.configurable

@@ -1,0 +1,1 @@
+"""The pipeline's workflow helpers: stage fingerprints over the resolved config and the code."""
