@@ -10,8 +10,11 @@ setup(
     long_description_content_type="text/markdown",
     packages=find_packages(include=["recap", "recap.*"]),
     # The gin files ship inside the package (recap/gin; the checkout's gin/ links to it). `**`
-    # picks up every subdirectory, present and future.
-    package_data={"recap": ["gin/*.gin", "gin/**/*.gin", "gin/**/*.yaml", "gin/**/*.yml"]},
+    # picks up every subdirectory, present and future. workflow/code_versions.json: the steps'
+    # code-version lock, which planning reads.
+    package_data={
+        "recap": ["gin/*.gin", "gin/**/*.gin", "gin/**/*.yaml", "gin/**/*.yml", "workflow/*.json"]
+    },
     entry_points={
         "console_scripts": [
             "recap-pipeline = recap.commands.pipeline:main",

@@ -61,8 +61,8 @@ def gin_bindings() -> dict[str, str]:
     """Every gin binding as ``{"scope/name.param": value}`` and every macro as ``{"NAME":
     value}``, as gin writes them (``recap.config_check.config_entries``), each cut at MLflow's
     param limit (empty, with a warning, if gin fails to write its config): for MLflow params
-    only, where a miss must not stop a run. Stage fingerprints hash ``gin.config_str()`` whole
-    and fail loudly (``recap.pipeline.config_text``)."""
+    only, where a miss must not stop a run. Stage fingerprints resolve the config instead and
+    fail loudly (``recap.workflow.fingerprints``)."""
     try:
         entries = [*config_entries(macros=True), *config_entries()]
         return {key: text[:MAX_PARAM_CHARS] for key, text in entries}
