@@ -335,11 +335,9 @@ def recorded_argv(root: Path, recording: Path, *extra: str) -> list[str]:
 def recorded_round(loop, tmp_path_factory):
     """20 reach episodes driven through openpi-client against a recording server (two steps of
     every third the scripted expert's), then ``recap-iterate --recorded DIR --serve`` over the
-    loop's base data (recap-serve replaced by a stand-in that keeps its arguments); then both
-    loops again with every launch, collection and merge made to fail."""
+    loop's base data (recap-serve replaced by a stand-in that keeps its arguments)."""
     import recap.commands.serve as serve_command
     import recap.iterate as iterate
-    import recap.pipeline as pipeline
     from recap.serve.load import load_served
     from tests.serve.test_record import record_reach, write_reach_policy
 
@@ -363,18 +361,7 @@ def recorded_round(loop, tmp_path_factory):
         out["served_argv"] = served_argv
         params = [*iterate_params(root, *RECORDED), *iterate.recorded_params([work / "rec"])]
         (out["record"],) = iterate.recorded_iterations(["demo/iterate.gin"], params)
-
-        def no_launch(*args, **kwargs):
-            raise AssertionError(f"a finished iteration launched {args[0]}")
-
-        def no_collect(*args, **kwargs):
-            raise AssertionError("a finished iteration collected again")
-
-        mp.setattr(pipeline.subprocess, "run", no_launch)
-        mp.setattr(iterate, "collect_rollouts", no_collect)
-        mp.setattr(iterate, "merge_recorded", no_collect)
-        out["loop_again"], _, _ = iterate.run_iterations(["demo/iterate.gin"], iterate_params(root))
-        out["recorded_again"], _, _ = iterate.run_iterations(["demo/iterate.gin"], params)
+    out["params"] = params
     gin.clear_config()
     return out
 
@@ -451,6 +438,15 @@ def test_two_loops_over_the_same_base_data_keep_their_own_returns(recorded_round
     """The recorded round ran Step 1 over the simulated loop's base data under a tag of its own:
     the loop's returns sidecars there were not rewritten, and a rerun of each loop (every
     launch, collection and merge made to fail) skips everything."""
+    import recap.iterate as iterate
+    import recap.pipeline as pipeline
+
+    def no_launch(*args, **kwargs):
+        raise AssertionError(f"a finished iteration launched {args[0]}")
+
+    def no_collect(*args, **kwargs):
+        raise AssertionError("a finished iteration collected again")
+
     root = loop["root"]
     ours = returns_tag(root, recorded_round["record"])
     theirs = [returns_tag(root, r) for r in loop["first"]]
@@ -459,10 +455,22 @@ def test_two_loops_over_the_same_base_data_keep_their_own_returns(recorded_round
         assert path.stat().st_mtime_ns == mtime
     for name in ("sft", "rollout", "eval"):
         assert (root / "data" / name / "meta" / f"returns_{ours}.parquet").is_file()
-    assert [(r["iteration"], r["status"]) for r in recorded_round["loop_again"]] == [
-        (1, "skipped"), (2, "skipped")]  # fmt: skip
-    assert [(r["iteration"], r["status"]) for r in recorded_round["recorded_again"]] == [
-        (1, "skipped")]  # fmt: skip
+    env = launch_env(root)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(root)
+        for key in ENV_KEYS:
+            mp.setenv(key, env[key])
+        mp.setattr(pipeline.subprocess, "run", no_launch)
+        mp.setattr(iterate, "collect_rollouts", no_collect)
+        mp.setattr(iterate, "merge_recorded", no_collect)
+        try:
+            loop_again, _, _ = iterate.run_iterations(["demo/iterate.gin"], iterate_params(root))
+            params = recorded_round["params"]
+            recorded_again, _, _ = iterate.run_iterations(["demo/iterate.gin"], params)
+        finally:
+            gin.clear_config()
+    assert [(r["iteration"], r["status"]) for r in loop_again] == [(1, "skipped"), (2, "skipped")]
+    assert [(r["iteration"], r["status"]) for r in recorded_again] == [(1, "skipped")]
 
 
 @pytest.mark.parametrize(
