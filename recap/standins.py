@@ -103,7 +103,9 @@ GEMMA3_TEXT = {
 VALUE_SIZES = {"expert_width": 32, "expert_depth": 2, "expert_mlp": 64, "expert_head_dim": 16}
 # Pi05Config fields of the stand-in π0.5 (the caller's pi05_policy.* overrides).
 PI05_SIZES = {
-    "vision": dict(SIGLIP_VISION),
+    # 16 heads as π0.5's SigLIP (no tensor shows a head count: a checkpoint's sizes are read from
+    # its weights with π0.5's heads, recap.models.pi05_sizes, so the stand-in keeps them)
+    "vision": dict(SIGLIP_VISION, num_attention_heads=16),
     "text": {"vocab_size": VOCAB_SIZE, "hidden_size": 32, "intermediate_size": 64,
              "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
              "head_dim": 16, "max_position_embeddings": 256,

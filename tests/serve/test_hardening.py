@@ -312,11 +312,11 @@ def test_the_standin_pi05_is_served_as_written(standin, clean_gin):
     from recap.models.checkpoints import load_pi05
     from recap.standins import PI05_SIZES
 
-    # without its gin file: the sizes of its tensors, heads by π0.5's convention (its 2 vision
-    # heads are in no tensor: 16, SigLIP's, instead)
+    # without its gin file: the sizes of its tensors, heads by π0.5's convention (the stand-in's
+    # 16 vision heads are in no tensor), the same model as with the gin file
     bare = load_served(standin.pi05_base, tokenizer=str(standin.tokenizer), device="cpu")
     sizes = bare.model.config
-    assert sizes.vision | {"num_attention_heads": 2} == PI05_SIZES["vision"] | {
+    assert sizes.vision == PI05_SIZES["vision"] | {
         "hidden_act": "gelu_pytorch_tanh", "layer_norm_eps": 1e-6}  # fmt: skip
     assert sizes.vision["num_attention_heads"] == 16
     assert {k: sizes.text[k] for k in PI05_SIZES["text"]} == PI05_SIZES["text"] | {
@@ -335,8 +335,9 @@ def test_the_standin_pi05_is_served_as_written(standin, clean_gin):
            "observation/wrist_image": np.zeros((256, 256, 3), np.uint8),
            "observation/state": np.zeros(8, np.float32), "prompt": "put both",
            "noise_seed": 1}  # fmt: skip
-    actions = policy.infer(obs)["actions"]
+    actions = policy.infer(dict(obs))["actions"]
     assert actions.shape == (10, 7) and np.isfinite(actions).all()
+    np.testing.assert_array_equal(bare.infer(dict(obs))["actions"], actions)  # as written
 
 
 @pytest.fixture
