@@ -52,11 +52,11 @@ import dataclasses
 import hashlib
 import json
 import re
+import shlex
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 
 import gin
 
@@ -74,6 +74,7 @@ from recap.pipeline import (
     unchanged,
     write_json,
 )
+from recap.registry import register
 
 log = logs.get(__name__)
 MARKERS = ".iterate"
@@ -278,11 +279,10 @@ def load(
     return config, scoped, settings
 
 
-def _register_configurables() -> None:
-    import recap.steps.compute_advantages  # noqa: F401
-    import recap.steps.compute_returns  # noqa: F401
-    import recap.steps.evaluate_policy  # noqa: F401
-    import recap.steps.train  # noqa: F401
+# the configurables of the steps whose bindings the loop parses (their datasets, the collecting
+# policy's pi05_policy / policy_data)
+REGISTERED = ("compute_advantages", "compute_returns", "evaluate_policy", "train", "pi05_policy",
+              "policy_data")  # fmt: skip
 
 
 def _step_params(config: PipelineConfig, scoped: dict[str, list[str]], step: str) -> list[str]:
@@ -299,7 +299,7 @@ def base_datasets(
     from recap.cli import parse_gin
     from recap.config_check import bound
 
-    _register_configurables()
+    register(*REGISTERED)
     lists: dict[str, list[dict]] = {}
     tag = ""
     try:
@@ -539,13 +539,10 @@ def recorded_iterations(files: Sequence[str], params: Sequence[str]) -> list[dic
 def collect_rollouts(it: Iteration, settings: IterateConfig) -> dict:
     """Iteration k's episodes with policy k-1, written to ``it.out`` (module docstring)."""
     from recap.cli import parse_gin
-    from recap.commands.collect import env_factory
     from recap.config_check import check_required
+    from recap.envs.factory import env_factory
 
-    _register_configurables()
-    args = SimpleNamespace(env=settings.env, suite=settings.suite, task_id=settings.task_id,
-                           max_steps=settings.max_steps, state_targets=settings.state_targets,
-                           expert=settings.expert)  # fmt: skip
+    register(*REGISTERED)
     gin.clear_config()
     try:
         parse_gin(it.source.files, it.source.params)
@@ -557,7 +554,10 @@ def collect_rollouts(it: Iteration, settings: IterateConfig) -> dict:
         model, data, run = load_run(it.source.run_dir)
         policy = ChunkAdapter(model, data, settings.beta, settings.num_steps,
                               settings.noise_seed, settings.guidance)  # fmt: skip
-        make_env, expert = env_factory(args)
+        make_env, expert = env_factory(settings.env, max_steps=settings.max_steps,
+                                       state_targets=settings.state_targets,
+                                       suite=settings.suite, task_id=settings.task_id,
+                                       expert=settings.expert)  # fmt: skip
         record = {"iteration": it.k, "fingerprint": it.collect_fingerprint, "run_dir": str(run),
                   "policy_fingerprint": it.source.fingerprint, "beta": settings.beta,
                   "guidance": settings.guidance, "conditioning": data.conditioning,
@@ -817,8 +817,6 @@ def recorded_params(recorded: Sequence[str] | None) -> list[str]:
 
 def serve_extra(serve_args: str) -> list[str]:
     """``--serve_args`` split as a shell would, checked before anything runs."""
-    import shlex
-
     try:
         extra = shlex.split(serve_args)
     except ValueError as exc:
@@ -826,11 +824,6 @@ def serve_extra(serve_args: str) -> list[str]:
     if "--policy" in extra:
         raise RecapError("--serve_args: --policy is the last iteration's policy; leave it out")
     return extra
-
-
-def serve_argv(records: list[dict], extra: Sequence[str]) -> list[str]:
-    """``recap-serve``'s arguments for the last iteration's policy (``--serve``)."""
-    return ["--policy", str(records[-1]["stages"]["policy"]["run_dir"]), *extra]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -844,16 +837,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.serve and args.dry_run:
             raise RecapError("--serve: a dry run trains no policy to serve; drop one of them")
         params = [*args.gin_param, *recorded_params(args.recorded)]
-        extra = serve_extra(args.serve_args) if args.serve else []
+        if args.serve:  # recap-serve's flags checked before anything runs (argparse: exit 2)
+            from recap.serve.launch import parse_options, serve
+
+            extra = serve_extra(args.serve_args)
+            options = parse_options(["--policy", "", *extra])
         records, uri, settings = run_iterations(args.gin_file, params, args.dry_run)
         if records:
             log.info(summary_lines(records, uri, settings.experiment))
         if args.serve:
-            from recap.commands.serve import main as serve
-
-            argv = serve_argv(records, extra)
-            log.info(f"serving the last iteration's policy: recap-serve {' '.join(argv)}")
-            return serve(argv)
+            policy = str(records[-1]["stages"]["policy"]["run_dir"])
+            log.info("serving the last iteration's policy: recap-serve "
+                     f"{shlex.join(['--policy', policy, *extra])}")  # fmt: skip
+            return serve(dataclasses.replace(options, policy=policy))
         return 0
 
     return exit_code(body)

@@ -56,7 +56,7 @@ def loop(tmp_path_factory):
     same command again with every launch and collection made to fail, and its dry run."""
     import recap.iterate as iterate
     import recap.pipeline as pipeline
-    from recap.data.synthetic import write_demo_datasets, write_demo_tokenizer
+    from recap.envs.reach import write_demo_datasets, write_demo_tokenizer
 
     root = tmp_path_factory.mktemp("iterate")
     write_demo_datasets(
@@ -336,8 +336,8 @@ def recorded_round(loop, tmp_path_factory):
     """20 reach episodes driven through openpi-client against a recording server (two steps of
     every third the scripted expert's), then ``recap-iterate --recorded DIR --serve`` over the
     loop's base data (recap-serve replaced by a stand-in that keeps its arguments)."""
-    import recap.commands.serve as serve_command
     import recap.iterate as iterate
+    import recap.serve.launch as launch
     from recap.serve.load import load_served
     from tests.serve.test_record import record_reach, write_reach_policy
 
@@ -353,7 +353,7 @@ def recorded_round(loop, tmp_path_factory):
         mp.chdir(root)
         for key in ENV_KEYS:
             mp.setenv(key, env[key])
-        mp.setattr(serve_command, "main", lambda a: served_argv.append(list(a)) or 0)
+        mp.setattr(launch, "serve", lambda options: served_argv.append(options) or 0)
         command = recorded_argv(root, work / "rec", "--serve", "--serve_args", "--port 0")
         start = time.perf_counter()
         out["exit"] = iterate.main(command)
@@ -398,7 +398,9 @@ def test_one_round_on_the_recordings_runs_steps_1_to_4_then_serves(recorded_roun
             np.concatenate([np.stack(e[key]) for e in sent]),
         )
     policy = r["stages"]["policy"]["run_dir"]
-    assert recorded_round["served_argv"] == [["--policy", policy, "--port", "0"]]
+    from recap.serve.launch import ServeOptions
+
+    assert recorded_round["served_argv"] == [ServeOptions(policy, port=0)]
 
 
 def test_every_intervention_frame_of_the_recordings_is_positive(recorded_round):
@@ -423,13 +425,13 @@ def test_every_intervention_frame_of_the_recordings_is_positive(recorded_round):
 def test_the_new_policy_is_servable(recorded_round):
     """The round's policy directory loads as ``recap-serve`` loads it and answers a reach
     observation with a chunk of 7-dim actions."""
-    from recap.envs.synthetic import ReachTask
+    from recap.envs.reach import ReachEnv
     from recap.serve.load import load_served
     from tests.serve.test_record import REACH, request
 
     policy = recorded_round["record"]["stages"]["policy"]["run_dir"]
     served = load_served(policy, beta=1.0, device="cpu")
-    actions = served.infer(request(ReachTask(REACH).reset(0)))["actions"]
+    actions = served.infer(request(ReachEnv(REACH).reset(0)))["actions"]
     assert actions.dtype == np.float32 and actions.ndim == 2 and actions.shape[1] == 7
     assert np.isfinite(actions).all()
 

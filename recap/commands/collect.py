@@ -92,21 +92,16 @@ def parser():
     return p
 
 
-def env_factory(args):
-    """A factory of the chosen environment, and its expert (None where there is none)."""
-    if args.env == "libero":
-        if args.expert:
-            raise RecapError("--expert: LIBERO has no scripted expert; collect without it, or "
-                             "pass a controller to recap.envs.collect(expert=...)")  # fmt: skip
-        from recap.envs.libero import LiberoEnv
+def environment(args):
+    """``recap.envs.factory.env_factory`` for the command's flags: (a constructor of the chosen
+    environment, its expert or None)."""
+    from recap.envs.factory import EXPERTS, env_factory
 
-        return lambda: LiberoEnv(args.suite, args.task_id, max_steps=args.max_steps), None
-    from recap.data.synthetic import ReachConfig
-    from recap.envs.synthetic import ReachTask, reach_expert
-
-    config = ReachConfig(max_steps=args.max_steps or ReachConfig.max_steps,
-                         state_targets=args.state_targets)  # fmt: skip
-    return (lambda: ReachTask(config)), (reach_expert(config) if args.expert else None)
+    if args.expert and args.env not in EXPERTS:
+        raise RecapError("--expert: LIBERO has no scripted expert; collect without it, or "
+                         "pass a controller to recap.envs.collect(expert=...)")  # fmt: skip
+    return env_factory(args.env, max_steps=args.max_steps, state_targets=args.state_targets,
+                       suite=args.suite, task_id=args.task_id, expert=args.expert)  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -123,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         for step in ("pi05_policy", "policy_data"):
             check_required(step)
-        make_env, expert = env_factory(args)
+        make_env, expert = environment(args)
         model, data, run = load_run(args.run_dir)
         policy = ChunkAdapter(model, data, args.beta, args.num_steps, args.noise_seed,
                               args.guidance)  # fmt: skip
