@@ -68,26 +68,35 @@ SOURCE = "source"
 SOURCE_KEY = b"recap.source"  # the same record in an advantages sidecar's parquet metadata
 
 
-def dataset_source(root: str | os.PathLike, ds=None, num_frames: int | None = None) -> dict:
+def dataset_source(
+    root: str | os.PathLike, ds=None, num_frames: int | None = None, digest: str | None = None
+) -> dict:
     """{"num_frames", "num_episodes", "data_digest"} of the dataset at ``root`` as it is now.
 
     ``ds``: the dataset already open (its metadata and file list are not read again);
     ``num_frames``: the rows just read from all its data files (their footers are then hashed,
-    never parsed a second time)."""
+    never parsed a second time); ``digest``: its ``data_digest``, already computed (Step 1
+    hashes the footers while it reads the columns)."""
     if ds is None:
         from recap.data.lerobot import LocalDataset
 
         with LocalDataset(root) as opened:
-            return dataset_source(root, opened, num_frames)
+            return dataset_source(root, opened, num_frames, digest)
+    return {
+        "num_frames": ds.num_frames if num_frames is None else int(num_frames),
+        "num_episodes": ds.num_episodes,
+        "data_digest": data_digest(ds) if digest is None else digest,
+    }
+
+
+def data_digest(ds) -> str:
+    """``"sha256:..."`` over the open dataset's data files: each one's path (relative to the
+    root), size and parquet footer bytes (read, never parsed)."""
     digest = hashlib.sha256()
     for path in ds.data_files:
         digest.update(path.relative_to(ds.root).as_posix().encode() + b"\0")
         digest.update(_footer(path))
-    return {
-        "num_frames": ds.num_frames if num_frames is None else int(num_frames),
-        "num_episodes": ds.num_episodes,
-        "data_digest": "sha256:" + digest.hexdigest(),
-    }
+    return "sha256:" + digest.hexdigest()
 
 
 def _footer(path: Path) -> bytes:

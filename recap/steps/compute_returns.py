@@ -9,6 +9,7 @@ as it was (the temporary files removed). The datasets' own files are only read.
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import gin
@@ -30,6 +31,7 @@ from recap.data.sidecars import (
     SOURCE,
     StagedWrites,
     check_tag,
+    data_digest,
     dataset_source,
     stage_returns_stats,
     stage_returns_table,
@@ -73,7 +75,7 @@ def returns_for_dataset(
     gamma = spec.gamma if spec.gamma is not None else gamma
     failure_reward = spec.failure_reward if spec.failure_reward is not None else failure_reward
     outcome = spec.outcome_column or outcome_column
-    with LocalDataset(spec.root) as ds:
+    with LocalDataset(spec.root) as ds, ThreadPoolExecutor(1, "recap-digest") as pool:
         wanted = [C.EPISODE_INDEX, C.FRAME_INDEX, C.TASK_INDEX]
         has_outcome = ds.has_column(outcome)
         if spec.type == C.ROLLOUT and not has_outcome:
@@ -85,6 +87,9 @@ def returns_for_dataset(
                 )
             )
         rollout = [outcome] if spec.type == C.ROLLOUT else []
+        # the provenance digest hashes every data file's footer: done while the columns are read
+        # (file reads and hashing leave the GIL; in v2.1 that is one footer per episode)
+        pending = pool.submit(data_digest, ds)
         # the outcome is read by value (bool, or exactly 0/1), never by truthiness
         table = ds.read_columns(wanted + rollout, check_frames=False, flags=rollout)
         episodes = ds.check_frames(table)
@@ -106,7 +111,7 @@ def returns_for_dataset(
         ds.check_layout(episodes)  # data, meta/episodes and info.json agree on the frames
         # what readers compare against (stale sidecars), from the open dataset: its rows were
         # all just read, so their count needs no second pass over the footers
-        source = dataset_source(spec.root, ds, num_frames=table.num_rows)
+        source = dataset_source(spec.root, ds, table.num_rows, pending.result())
     stats = _stats(spec, sidecar, gamma, failure_reward, outcome)
     stats[SOURCE] = source
     if staged is not None:
