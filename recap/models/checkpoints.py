@@ -28,20 +28,45 @@ Normalization statistics travel with the weights: openpi keeps them in
 ``observation.state.q01``, ``action.q99``, ...). ``find_norm_stats`` / ``read_norm_stats`` read
 either; ``write_norm_stats`` writes openpi's file (recap's exported policies carry it); they live
 in ``recap.processing.norm_stats`` (with the processor, below data and models), re-exported here.
+
+The files themselves (names, layouts, the strict check, the writer) are ``recap.models.pi05_files``;
+``read_config`` / ``load_pi05`` / ``count_parameters`` build a ``Pi05Policy`` and live in
+``recap.models.pi05`` (its ``pi05_policy`` loads through them). This module gathers all of it, so
+callers import the checkpoint API from one place.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import os
-from pathlib import Path
-
-import torch
-from safetensors.torch import load_file
-
-from recap.errors import RecapError
-from recap.models.pi05 import GEMMA_300M, PALIGEMMA_2B, Pi05Config, Pi05Policy, build_pi05
+from recap.models.pi05 import count_parameters, load_pi05, read_config  # noqa: F401
+from recap.models.pi05_files import (  # noqa: F401
+    CONFIG_FILE,
+    EMBED_KEY,
+    EXPERT_LM_HEAD_KEY,
+    GEMMA_300M,
+    LAYOUTS,
+    LEROBOT,
+    LEROBOT_PREFIX,
+    LM_HEAD_KEY,
+    NAMED_VARIANTS,
+    OPENPI,
+    PALIGEMMA_2B,
+    RECAP_CONFIG_FILE,
+    VARIANTS,
+    WEIGHTS_FILE,
+    check_layout,
+    detect_layout,
+    file_key,
+    file_state,
+    foreign_config,
+    load_strict,
+    partitioned,
+    save_pi05,
+    state_to_file,
+    steps_hint,
+    to_model_keys,
+    variant_fields,
+    write_pi05_files,
+)
 from recap.processing.norm_stats import (  # noqa: F401  (re-exported: checkpoints carry them)
     ASSETS_DIR,
     LEROBOT_NORMALIZER,
@@ -54,275 +79,3 @@ from recap.processing.norm_stats import (  # noqa: F401  (re-exported: checkpoin
     read_norm_stats,
     write_norm_stats,
 )
-from recap.weights import safetensors_bytes
-
-OPENPI, LEROBOT = "openpi", "lerobot"
-LAYOUTS = (OPENPI, LEROBOT)
-LEROBOT_PREFIX = "model."
-WEIGHTS_FILE = "model.safetensors"
-CONFIG_FILE = "config.json"
-RECAP_CONFIG_FILE = "recap_pi05.json"
-EMBED_KEY = "paligemma_with_expert.paligemma.model.language_model.embed_tokens.weight"
-LM_HEAD_KEY = "paligemma_with_expert.paligemma.lm_head.weight"
-EXPERT_LM_HEAD_KEY = "paligemma_with_expert.gemma_expert.lm_head.weight"
-VARIANTS = {"gemma_2b": PALIGEMMA_2B, "gemma_300m": GEMMA_300M}
-SHOWN = 3
-
-
-def detect_layout(keys) -> str:
-    """``lerobot`` when every key starts with ``model.``, else ``openpi``."""
-    keys = list(keys)
-    return LEROBOT if keys and all(k.startswith(LEROBOT_PREFIX) for k in keys) else OPENPI
-
-
-def _check_layout(layout: str) -> str:
-    if layout not in LAYOUTS:
-        raise RecapError(f"checkpoint layout {layout!r} is not one of {LAYOUTS}")
-    return layout
-
-
-def file_key(key: str, layout: str) -> str:
-    """The name of model key ``key`` in a file of ``layout``."""
-    return LEROBOT_PREFIX + key if layout == LEROBOT else key
-
-
-def to_model_keys(state: dict[str, torch.Tensor], layout: str) -> dict[str, torch.Tensor]:
-    """File tensors renamed to ``Pi05Policy`` keys: LeRobot's ``model.`` prefix removed, the tied
-    ``lm_head`` read as the embedding when the embedding is absent, unused heads dropped."""
-    n = len(LEROBOT_PREFIX)
-    if _check_layout(layout) == LEROBOT:
-        state = {k[n:] if k.startswith(LEROBOT_PREFIX) else k: v for k, v in state.items()}
-    else:
-        state = dict(state)
-    head = state.pop(LM_HEAD_KEY, None)
-    if head is not None and EMBED_KEY not in state:
-        state[EMBED_KEY] = head
-    state.pop(EXPERT_LM_HEAD_KEY, None)
-    return state
-
-
-def _listing(keys: list[str], what: str, layout: str) -> str:
-    names = ", ".join(file_key(k, layout) for k in keys[:SHOWN])
-    more = f" and {len(keys) - SHOWN} more" if len(keys) > SHOWN else ""
-    return f"{len(keys)} {what} key{'s' if len(keys) > 1 else ''} ({names}{more})"
-
-
-def load_strict(
-    model: Pi05Policy, state: dict[str, torch.Tensor], source: object, layout: str
-) -> None:
-    """``model.load_state_dict(state)`` after checking names and shapes: any missing or
-    unexpected key or shape mismatch is one ``RecapError`` line naming ``source`` and keys."""
-    expected = model.state_dict(keep_vars=True)  # parameters keep their ZeRO-3 ds_shape
-    missing = [k for k in expected if k not in state]
-    unexpected = [k for k in state if k not in expected]
-    if missing or unexpected:
-        parts = [_listing(missing, "missing", layout)] if missing else []
-        parts += [_listing(unexpected, "unexpected", layout)] if unexpected else []
-        raise RecapError(
-            f"{source}: {'; '.join(parts)} for the {layout} layout; use a π0.5 checkpoint whose "
-            "sizes match the config (recap_pi05.json / config.json) or pass the right layout"
-        )
-    bad = [k for k in expected if tuple(state[k].shape) != _shape(expected[k])]
-    if bad:
-        k = bad[0]
-        raise RecapError(
-            f"{source}: {len(bad)} keys differ in shape, first {file_key(k, layout)}: "
-            f"{tuple(state[k].shape)} in the file, {_shape(expected[k])} in the model; "
-            "fix the config sizes to match the checkpoint"
-        )
-    if partitioned(model):
-        model.pending_state = state  # the engine loads it into the partitions
-    else:
-        model.load_state_dict(state, strict=True)
-
-
-def _shape(tensor: torch.Tensor) -> tuple[int, ...]:
-    """The full shape of a tensor, also of a ZeRO-3 partitioned parameter (``ds_shape``)."""
-    return tuple(getattr(tensor, "ds_shape", tensor.shape))
-
-
-def partitioned(model: torch.nn.Module) -> bool:
-    """Whether the model was built partitioned (ZeRO-3 construction: parameters hold only
-    this rank's slice). Its checked state is then left in ``model.pending_state`` for the
-    engine, which loads it into the partitions (``engine.checkpointing.load_pending``)."""
-    return any(hasattr(p, "ds_id") for p in model.parameters())
-
-
-# openpi's published π0.5 configs, by name: the fields a config-less checkpoint of each needs
-# beyond the real sizes (Pi05Config's defaults). pi05_libero: action_horizon 10.
-NAMED_VARIANTS = {"pi05_base": {}, "pi05_droid": {"action_horizon": 15},
-                  "pi05_libero": {"action_horizon": 10}}  # fmt: skip
-
-
-def variant_fields(variant: str | None) -> dict:
-    """``NAMED_VARIANTS[variant]`` (``{}`` for None); an unknown name is one line."""
-    if variant is None:
-        return {}
-    if variant not in NAMED_VARIANTS:
-        names = sorted(NAMED_VARIANTS)
-        raise RecapError(f"pi05_policy.variant {variant!r} is not one of {names}; "
-                         "or leave it None and bind the sizes")  # fmt: skip
-    return dict(NAMED_VARIANTS[variant])
-
-
-def read_config(
-    directory: str | os.PathLike, variant: str | None = None, **overrides
-) -> Pi05Config:
-    """The config of a checkpoint directory: ``recap_pi05.json`` (exact), else the openpi /
-    LeRobot ``config.json`` (horizon, action dim, steps, image resolution) with the sizes of
-    ``model.safetensors``' shapes (``recap.models.pi05_sizes``: read from its header, one log
-    line when they are not the variants' ``gemma_2b`` + ``gemma_300m``; other variant names
-    only with weights), else, for an openpi training checkpoint (``<step>/model.safetensors``
-    and no config file, as ``scripts/train_pytorch.py`` writes it), the named openpi
-    ``variant`` (``pi05_base``, ``pi05_libero``, ...) with the caller's sizes (gin
-    ``pi05_policy.*``) on top, the real ones by default. ``overrides`` replace fields (e.g.
-    ``action_horizon``, ``attn_implementation``; sizes passed are never read from the
-    weights)."""
-    path = Path(directory)
-    if (path / RECAP_CONFIG_FILE).is_file():
-        fields = json.loads((path / RECAP_CONFIG_FILE).read_text())
-        known = {f.name for f in dataclasses.fields(Pi05Config)}
-        return Pi05Config(**{k: v for k, v in fields.items() if k in known} | overrides)
-    if not (path / CONFIG_FILE).is_file():
-        if (path / WEIGHTS_FILE).is_file():  # an openpi training checkpoint
-            return Pi05Config(**variant_fields(variant) | overrides)
-        raise RecapError(
-            f"{path}: no {RECAP_CONFIG_FILE}, {CONFIG_FILE} or {WEIGHTS_FILE}{_steps_hint(path)}; "
-            "point it at an openpi / LeRobot π0.5 checkpoint directory or pass a Pi05Config"
-        )
-    raw = json.loads((path / CONFIG_FILE).read_text())
-    variants = (raw.get("paligemma_variant"), raw.get("action_expert_variant"))
-    weights = path / WEIGHTS_FILE
-    if variants != ("gemma_2b", "gemma_300m") and not weights.is_file():
-        raise RecapError(f"{path / CONFIG_FILE}: paligemma_variant/action_expert_variant "
-                         f"{variants} not supported (expected ('gemma_2b', 'gemma_300m')); "
-                         "pass a Pi05Config with the sizes")  # fmt: skip
-    fields = {"text": dict(PALIGEMMA_2B), "expert": dict(GEMMA_300M)}
-    for ours, theirs in (("action_horizon", ("action_horizon", "chunk_size")),
-                         ("action_dim", ("action_dim", "max_action_dim")),
-                         ("num_steps", ("num_inference_steps",))):  # fmt: skip
-        value = next((raw[k] for k in theirs if k in raw), None)
-        if value is not None:
-            fields[ours] = int(value)
-    config = Pi05Config(**fields | overrides)
-    if "image_resolution" in raw and "vision" not in overrides:
-        config.vision["image_size"] = int(raw["image_resolution"][0])
-    if weights.is_file():  # the sizes the names cannot say, from the tensors' shapes
-        from recap.models.pi05_sizes import SIZE_FIELDS, weights_sizes
-
-        implied = {k: getattr(config, k) for k in SIZE_FIELDS if k not in overrides}
-        stated = {"image_size": (raw.get("image_resolution") or [None])[0],
-                  "action_dim": fields.get("action_dim")}  # fmt: skip
-        read = weights_sizes(weights, implied, stated, path / CONFIG_FILE)
-        config = dataclasses.replace(config, **read)
-    return config
-
-
-def _steps_hint(path: Path) -> str:
-    """`` (it holds training steps 1000, 2000: pass one of them)`` for an openpi training run
-    directory (``<step>/model.safetensors``), else ``""``."""
-    steps = [p.parent.name for p in path.glob(f"*/{WEIGHTS_FILE}")]
-    steps.sort(key=lambda n: (int(n), n) if n.isdigit() else (-1, n))
-    return f" (it holds training steps {', '.join(steps)}: pass one of them)" if steps else ""
-
-
-def load_pi05(
-    directory: str | os.PathLike,
-    config: Pi05Config | None = None,
-    layout: str | None = None,
-    dtype: torch.dtype = torch.float32,
-    **overrides,
-) -> Pi05Policy:
-    """A policy from a local openpi / LeRobot / ``save_pi05`` directory or an openpi training
-    checkpoint step directory (sizes from ``overrides`` then, see ``read_config``); layout
-    detected from the keys unless given, weights cast to ``dtype``; strict (``load_strict``)."""
-    path = Path(directory)
-    weights = path / WEIGHTS_FILE
-    if not weights.is_file():
-        raise RecapError(f"{weights}: file not found{_steps_hint(path)}; point it at a local "
-                         "π0.5 checkpoint directory holding model.safetensors (openpi or "
-                         "LeRobot)")  # fmt: skip
-    config = config or read_config(path, **overrides)
-    state = load_file(str(weights))
-    layout = _check_layout(layout or detect_layout(state))
-    model = build_pi05(config, dtype)
-    load_strict(model, to_model_keys(state, layout), weights, layout)
-    return model
-
-
-def file_state(model: Pi05Policy, layout: str) -> dict[str, torch.Tensor]:
-    """The tensors ``save_pi05`` writes: openpi names (embedding under ``lm_head``, a zero
-    expert head), prefixed with ``model.`` for LeRobot; on the model's device (``meta`` gives
-    the names and shapes of a model never allocated)."""
-    state = {k: v.detach() for k, v in model.state_dict().items()}
-    return state_to_file(state, model.action_in_proj.out_features, layout)
-
-
-def state_to_file(
-    state: dict[str, torch.Tensor], expert_width: int, layout: str
-) -> dict[str, torch.Tensor]:
-    """``file_state`` of a plain ``Pi05Policy`` state dict (e.g. merged LoRA weights,
-    ``recap.models.adapters.merged_state``) whose action expert is ``expert_width`` wide."""
-    state = dict(state)
-    embed = state.pop(EMBED_KEY)
-    state[LM_HEAD_KEY] = embed
-    state[EXPERT_LM_HEAD_KEY] = embed.new_zeros(embed.shape[0], expert_width)
-    return {file_key(k, layout): v for k, v in state.items()}
-
-
-def foreign_config(config: Pi05Config, layout: str) -> dict:
-    """The ``config.json`` fields openpi (converter output) or LeRobot (``PI05Config``) read."""
-    variants = {
-        "paligemma_variant": next((n for n, v in VARIANTS.items() if v == config.text), "custom"),
-        "action_expert_variant": next((n for n, v in VARIANTS.items() if v == config.expert),
-                                      "custom"),
-    }  # fmt: skip
-    if layout == OPENPI:
-        return {"action_dim": config.action_dim, "action_horizon": config.action_horizon,
-                **variants}  # fmt: skip
-    size = int(config.vision.get("image_size", 224))
-    return {"type": "pi05", **variants, "chunk_size": config.action_horizon,
-            "n_action_steps": config.action_horizon, "max_action_dim": config.action_dim,
-            "num_inference_steps": config.num_steps, "image_resolution": [size, size]}  # fmt: skip
-
-
-def save_pi05(model: Pi05Policy, directory: str | os.PathLike, layout: str = OPENPI) -> Path:
-    """Write ``model.safetensors`` (``file_state``), ``config.json`` and ``recap_pi05.json``
-    atomically (``write_pi05_files``); returns the weights path."""
-    layout = _check_layout(layout)
-    return write_pi05_files(directory, file_state(model, layout), model.config, layout)
-
-
-def write_pi05_files(
-    directory: str | os.PathLike,
-    state: dict[str, torch.Tensor],
-    config: Pi05Config,
-    layout: str = OPENPI,
-    metadata: dict[str, str] | None = None,
-    extra_config: dict | None = None,
-) -> Path:
-    """``state`` (keyed in ``layout``) as ``model.safetensors`` with ``config.json`` (the
-    layout's own config, plus ``extra_config`` fields: LeRobot's features,
-    ``recap.interop.lerobot``) and ``recap_pi05.json``, all or none replaced (``write_atomic``);
-    returns the weights path."""
-    from recap.io import write_atomic
-
-    path = Path(directory)
-    tensors = {k: v.contiguous().cpu() for k, v in state.items()}
-    meta = {"format": "pt", **(metadata or {})}
-    foreign = foreign_config(config, layout) | (extra_config or {})
-    write_atomic({
-        path / WEIGHTS_FILE: lambda p: p.write_bytes(safetensors_bytes(tensors, meta)),
-        path / CONFIG_FILE: lambda p: p.write_text(json.dumps(foreign)),
-        path / RECAP_CONFIG_FILE: lambda p: p.write_text(
-            json.dumps(dataclasses.asdict(config), indent=2)),
-    })  # fmt: skip
-    return path / WEIGHTS_FILE
-
-
-def count_parameters(config: Pi05Config | None = None) -> int:
-    """Parameters of the policy of ``config`` (default: the real sizes, ~3.3B), built on the
-    meta device (nothing allocated)."""
-    with torch.device("meta"):
-        model = build_pi05(config or Pi05Config())
-    return sum(p.numel() for p in model.parameters())

@@ -41,13 +41,16 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import json
 import math
 import os
 from collections.abc import Sequence
+from pathlib import Path
 
 import gin
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file
 from torch import nn
 from transformers import AutoModel, GemmaConfig, SiglipVisionConfig
 
@@ -55,6 +58,20 @@ from recap.config_check import config_fields
 from recap.errors import RecapError
 from recap.models.adapters import AdapterHooks, LoraOptions, adapt, check_freeze
 from recap.models.losses import flow_matching_loss
+from recap.models.pi05_files import (
+    CONFIG_FILE,
+    GEMMA_300M,
+    PALIGEMMA_2B,
+    RECAP_CONFIG_FILE,
+    WEIGHTS_FILE,
+    check_layout,
+    detect_layout,
+    load_strict,
+    save_pi05,
+    steps_hint,
+    to_model_keys,
+    variant_fields,
+)
 from recap.models.pi05_layers import (
     ATTENTION,
     ActionExpert,
@@ -68,16 +85,6 @@ from recap.processing.pi05 import BRANCH_KEYS, GUIDANCE, guidance_branches  # no
 from recap.processing.prompts import POSITIVE_ONLY
 from recap.processing.transforms import frames_to_images
 
-PALIGEMMA_2B = {
-    "vocab_size": 257152, "hidden_size": 2048, "intermediate_size": 16384,
-    "num_hidden_layers": 18, "num_attention_heads": 8, "num_key_value_heads": 1, "head_dim": 256,
-    "hidden_act": "gelu_pytorch_tanh", "max_position_embeddings": 8192, "rms_norm_eps": 1e-6,
-    "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2,
-}  # fmt: skip
-GEMMA_300M = {
-    "hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 18,
-    "num_attention_heads": 8, "num_key_value_heads": 1, "head_dim": 256,
-}  # fmt: skip
 # GemmaConfig arguments ``Pi05Config.expert_config`` sets itself (an ``expert`` key among them
 # would be a second value for one keyword)
 EXPERT_FROM_TEXT = ("vocab_size", "pad_token_id", "bos_token_id", "eos_token_id", "rms_norm_eps",
@@ -375,8 +382,6 @@ class Pi05Policy(AdapterHooks, nn.Module):
 
     def save_pretrained(self, directory: str | os.PathLike, layout: str = "openpi") -> None:
         """Write ``model.safetensors`` in the openpi or LeRobot key layout plus configs."""
-        from recap.models.checkpoints import save_pi05
-
         save_pi05(self, directory, layout)
 
 
@@ -493,11 +498,97 @@ def pi05_policy(
     ``projector``): ``recap.models.adapters``. Each ``Pi05Config`` field is a parameter gin
     checks at parse time (``config_fields``), as are the keys of ``vision`` / ``text`` /
     ``expert`` (``SiglipVisionConfig`` / ``GemmaConfig`` arguments)."""
-    from recap.models.checkpoints import load_pi05, variant_fields
-
     freeze = check_freeze(freeze, "pi05_policy.freeze")
     if checkpoint is not None:
         model = load_pi05(checkpoint, layout=layout, variant=variant, **fields)
     else:
         model = build_pi05(Pi05Config(**variant_fields(variant) | fields))
     return adapt(model, lora, freeze)
+
+
+# ---- checkpoints (the files: recap.models.pi05_files) --------------------------------------------
+
+
+def read_config(
+    directory: str | os.PathLike, variant: str | None = None, **overrides
+) -> Pi05Config:
+    """The config of a checkpoint directory: ``recap_pi05.json`` (exact), else the openpi /
+    LeRobot ``config.json`` (horizon, action dim, steps, image resolution) with the sizes of
+    ``model.safetensors``' shapes (``recap.models.pi05_sizes``: read from its header, one log
+    line when they are not the variants' ``gemma_2b`` + ``gemma_300m``; other variant names
+    only with weights), else, for an openpi training checkpoint (``<step>/model.safetensors``
+    and no config file, as ``scripts/train_pytorch.py`` writes it), the named openpi
+    ``variant`` (``pi05_base``, ``pi05_libero``, ...) with the caller's sizes (gin
+    ``pi05_policy.*``) on top, the real ones by default. ``overrides`` replace fields (e.g.
+    ``action_horizon``, ``attn_implementation``; sizes passed are never read from the
+    weights)."""
+    path = Path(directory)
+    if (path / RECAP_CONFIG_FILE).is_file():
+        fields = json.loads((path / RECAP_CONFIG_FILE).read_text())
+        known = {f.name for f in dataclasses.fields(Pi05Config)}
+        return Pi05Config(**{k: v for k, v in fields.items() if k in known} | overrides)
+    if not (path / CONFIG_FILE).is_file():
+        if (path / WEIGHTS_FILE).is_file():  # an openpi training checkpoint
+            return Pi05Config(**variant_fields(variant) | overrides)
+        raise RecapError(
+            f"{path}: no {RECAP_CONFIG_FILE}, {CONFIG_FILE} or {WEIGHTS_FILE}{steps_hint(path)}; "
+            "point it at an openpi / LeRobot π0.5 checkpoint directory or pass a Pi05Config"
+        )
+    raw = json.loads((path / CONFIG_FILE).read_text())
+    variants = (raw.get("paligemma_variant"), raw.get("action_expert_variant"))
+    weights = path / WEIGHTS_FILE
+    if variants != ("gemma_2b", "gemma_300m") and not weights.is_file():
+        raise RecapError(f"{path / CONFIG_FILE}: paligemma_variant/action_expert_variant "
+                         f"{variants} not supported (expected ('gemma_2b', 'gemma_300m')); "
+                         "pass a Pi05Config with the sizes")  # fmt: skip
+    fields = {"text": dict(PALIGEMMA_2B), "expert": dict(GEMMA_300M)}
+    for ours, theirs in (("action_horizon", ("action_horizon", "chunk_size")),
+                         ("action_dim", ("action_dim", "max_action_dim")),
+                         ("num_steps", ("num_inference_steps",))):  # fmt: skip
+        value = next((raw[k] for k in theirs if k in raw), None)
+        if value is not None:
+            fields[ours] = int(value)
+    config = Pi05Config(**fields | overrides)
+    if "image_resolution" in raw and "vision" not in overrides:
+        config.vision["image_size"] = int(raw["image_resolution"][0])
+    if weights.is_file():  # the sizes the names cannot say, from the tensors' shapes
+        from recap.models.pi05_sizes import SIZE_FIELDS, weights_sizes
+
+        implied = {k: getattr(config, k) for k in SIZE_FIELDS if k not in overrides}
+        stated = {"image_size": (raw.get("image_resolution") or [None])[0],
+                  "action_dim": fields.get("action_dim")}  # fmt: skip
+        read = weights_sizes(weights, implied, stated, path / CONFIG_FILE)
+        config = dataclasses.replace(config, **read)
+    return config
+
+
+def load_pi05(
+    directory: str | os.PathLike,
+    config: Pi05Config | None = None,
+    layout: str | None = None,
+    dtype: torch.dtype = torch.float32,
+    **overrides,
+) -> Pi05Policy:
+    """A policy from a local openpi / LeRobot / ``save_pi05`` directory or an openpi training
+    checkpoint step directory (sizes from ``overrides`` then, see ``read_config``); layout
+    detected from the keys unless given, weights cast to ``dtype``; strict (``load_strict``)."""
+    path = Path(directory)
+    weights = path / WEIGHTS_FILE
+    if not weights.is_file():
+        raise RecapError(f"{weights}: file not found{steps_hint(path)}; point it at a local "
+                         "π0.5 checkpoint directory holding model.safetensors (openpi or "
+                         "LeRobot)")  # fmt: skip
+    config = config or read_config(path, **overrides)
+    state = load_file(str(weights))
+    layout = check_layout(layout or detect_layout(state))
+    model = build_pi05(config, dtype)
+    load_strict(model, to_model_keys(state, layout), weights, layout)
+    return model
+
+
+def count_parameters(config: Pi05Config | None = None) -> int:
+    """Parameters of the policy of ``config`` (default: the real sizes, ~3.3B), built on the
+    meta device (nothing allocated)."""
+    with torch.device("meta"):
+        model = build_pi05(config or Pi05Config())
+    return sum(p.numel() for p in model.parameters())

@@ -13,6 +13,7 @@ from transformers import AutoModel
 from recap.commands.import_rlinf import main as recap_import
 from recap.data.conditioning import QuantileStats
 from recap.models import checkpoints as ckpt
+from recap.models import pi05_files
 from recap.models.pi05_layers import VisionTower
 from tests.models.test_pi05 import A, tiny_batch, tiny_config, tiny_model
 
@@ -23,7 +24,9 @@ CAMERAS = ["observation.images.image", "observation.images.wrist_image"]
 def named_tiny(monkeypatch):
     """The tiny sizes named as LeRobot's variants (LeRobot accepts no other names)."""
     config = tiny_config()
-    monkeypatch.setattr(ckpt, "VARIANTS", {"gemma_2b": config.text, "gemma_300m": config.expert})
+    monkeypatch.setattr(
+        pi05_files, "VARIANTS", {"gemma_2b": config.text, "gemma_300m": config.expert}
+    )
 
 
 def _export(source, out, *extra):

@@ -31,6 +31,7 @@ from lerobot.utils.constants import OBS_LANGUAGE_ATTENTION_MASK, OBS_LANGUAGE_TO
 from recap.commands.import_rlinf import main as recap_import
 from recap.data.conditioning import QuantileStats, pi05_prompt
 from recap.models import checkpoints as ckpt
+from recap.models import pi05_files
 from recap.models.pi05 import Pi05Config, build_pi05
 
 VISION = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
@@ -70,7 +71,7 @@ def tiny_sizes(monkeypatch):
     monkeypatch.setattr(
         modeling_pi05, "PaliGemmaForConditionalGenerationWithPiGemma", TinyPaliGemma
     )
-    monkeypatch.setattr(ckpt, "VARIANTS", {"gemma_2b": TEXT, "gemma_300m": EXPERT})
+    monkeypatch.setattr(pi05_files, "VARIANTS", {"gemma_2b": TEXT, "gemma_300m": EXPERT})
 
 
 def tiny_config() -> Pi05Config:

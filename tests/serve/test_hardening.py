@@ -196,12 +196,14 @@ def no_weights(monkeypatch):
     """Fail the test if anything reads a policy's weights."""
     import recap.loading
     import recap.models.checkpoints
+    import recap.models.pi05
 
     def refuse(*args, **kwargs):
         raise AssertionError("the model was loaded before the inputs were checked")
 
     monkeypatch.setattr(recap.loading, "load_policy", refuse)
     monkeypatch.setattr(recap.models.checkpoints, "load_pi05", refuse)
+    monkeypatch.setattr(recap.models.pi05, "load_pi05", refuse)  # pi05_policy's
 
 
 def test_a_missing_tokenizer_is_reported_before_the_model_loads(tmp_path, policy_dir, no_weights):
