@@ -24,10 +24,7 @@ CONTRACTS = (
     "envs import no steps (a rollout needs a policy and an env, not a training step)",
     "nothing imports commands (console entry points sit on top; scripts/ is outside the package)",
 )
-# #38: Pi05Policy.save_pretrained and the pi05_policy factory call recap.models.checkpoints, which
-# builds Pi05Policy / Pi05Config; breaking it moves the loaders (read_config, load_pi05) or the
-# entry points between the two modules. A cycle not listed here, or one listed that is gone, fails.
-KNOWN_CYCLES = {("recap.models.checkpoints", "recap.models.pi05")}
+KNOWN_CYCLES: set[tuple[str, ...]] = set()
 
 pytestmark = pytest.mark.skipif(not LINT_IMPORTS.exists(), reason="import-linter not installed")
 
