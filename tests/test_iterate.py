@@ -56,7 +56,7 @@ def loop(tmp_path_factory):
     same command again with every launch and collection made to fail, and its dry run."""
     import recap.iterate as iterate
     import recap.pipeline as pipeline
-    from recap.data.synthetic import write_demo_datasets, write_demo_tokenizer
+    from recap.envs.reach import write_demo_datasets, write_demo_tokenizer
 
     root = tmp_path_factory.mktemp("iterate")
     write_demo_datasets(

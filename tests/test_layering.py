@@ -74,7 +74,7 @@ def copy(tmp_path_factory) -> Path:
         # a lower layer importing a higher one; siblings of an independent layer
         ("recap/cli.py", "import recap.pipeline", CONTRACTS[4]),
         ("recap/processing/cameras.py", "import recap.viz", CONTRACTS[4]),
-        ("recap/envs/synthetic.py", "import recap.steps.relabel", CONTRACTS[5]),
+        ("recap/envs/reach/task.py", "import recap.steps.relabel", CONTRACTS[5]),
         ("recap/serve/load.py", "import recap.commands.train", CONTRACTS[6]),
     ],
 )

@@ -61,7 +61,7 @@ def statuses(out: str) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """Tiny demo data, its hashes, then one full pipeline run (2 ranks)."""
-    from recap.data.synthetic import write_demo_datasets, write_demo_tokenizer
+    from recap.envs.reach import write_demo_datasets, write_demo_tokenizer
 
     root = tmp_path_factory.mktemp("pipeline")
     write_demo_datasets(

@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from recap.data.synthetic import write_demo_datasets, write_demo_tokenizer
+from recap.envs.reach import write_demo_datasets, write_demo_tokenizer
 from recap.errors import RecapError
 
 

@@ -6,7 +6,9 @@ An environment runs one episode at a time::
     obs, success, done = env.step(action)      # float[A] action; done at success or time limit
 
 An observation is ``{"images": {camera: uint8[H, W, 3]}, "state": float32[S], "task": str}``,
-the same dict ``recap.data.synthetic`` and ``recap.steps.evaluate_policy.PolicyAdapter`` use.
+the same dict ``recap.envs.reach`` and ``recap.loading.PolicyAdapter`` use. An environment may
+declare ``step_metrics`` (name -> ``f(env, action) -> float``), which ``recap.envs.rollout``
+averages over the steps of an evaluation (the reaching task's ``heading``).
 ``env.spec`` names the cameras, the state and action entries, the frame rate and the step limit:
 what a recorded dataset's ``meta/info.json`` needs (``EnvSpec.writer``), so data collected from
 an environment reads back under the key map the policy's training data uses
@@ -24,7 +26,6 @@ import numpy as np
 
 from recap.data.lerobot import KeyMap
 from recap.data.lerobot_writer import V30, WriterConfig, column_names
-from recap.data.synthetic import stack_observations  # noqa: F401  (the one batching, re-exported)
 
 Observation = dict[str, Any]
 # batched observations (``stack_observations``) -> float[B, A] actions or float[B, H, A] chunks
@@ -93,6 +94,24 @@ def make_envs(envs: EnvSource, num_envs: int) -> list[Env]:
                 f"{i}); make one instance per entry, or pass a factory"
             )
     return made
+
+
+def stack_observations(observations: Sequence[Observation]) -> Observation:
+    """Batch observations of any environment: images uint8[B,H,W,3] per camera, state
+    float32[B,S], task list."""
+    cams = observations[0]["images"]
+    return {
+        "images": {c: np.stack([o["images"][c] for o in observations]) for c in cams},
+        "state": np.stack([np.asarray(o["state"], np.float32) for o in observations]),
+        "task": [o["task"] for o in observations],
+    }
+
+
+def reset_policy(policy: Callable) -> None:
+    """``policy.reset()`` when it has one (a controller starting an episode)."""
+    reset = getattr(policy, "reset", None)
+    if callable(reset):
+        reset()
 
 
 def unstack_observations(batch: Observation) -> list[Observation]:

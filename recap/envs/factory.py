@@ -42,8 +42,8 @@ def env_factory(
         from recap.envs.libero import LiberoEnv
 
         return (lambda: LiberoEnv(suite, task_id, max_steps=max_steps)), None
-    from recap.data.synthetic import ReachConfig
-    from recap.envs.synthetic import ReachTask, reach_expert
+    from recap.envs.reach import ReachConfig, reach_expert
+    from recap.envs.reach import ReachEnv as ReachTask
 
     config = ReachConfig(max_steps=max_steps or ReachConfig.max_steps, state_targets=state_targets)
     return (lambda: ReachTask(config)), (reach_expert(config) if expert else None)

@@ -52,7 +52,7 @@ import os
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from ctypes.util import find_library
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -270,24 +270,14 @@ class MetaWorldExpert:
 
 def record_episode(env: MetaWorldEnv, controller: MetaWorldExpert, seed: int) -> Episode:
     """Run episode ``seed`` of ``env`` under ``controller`` (its noise stream restarted from
-    ``seed``); frame t holds the observation before step t and the action taken at it."""
-    obs, done, success = env.reset(seed), False, False
+    ``seed``) through the one closed loop (``recap.envs.rollout``); frame t holds the observation
+    before step t and the action taken at it."""
+    from recap.envs.base import batched
+    from recap.envs.rollout import run_episodes
+
     controller.reset(seed)
-    frames: dict[str, list[np.ndarray]] = {key: [] for key in env.cameras}
-    states, actions = [], []
-    while not done:
-        for key in env.cameras:
-            frames[key].append(obs["images"][key])
-        states.append(obs["state"])
-        actions.append(np.asarray(controller(obs), np.float32))
-        obs, success, done = env.step(actions[-1])
-    return Episode(
-        images={key: np.stack(f) for key, f in frames.items()},
-        state=np.stack(states),
-        action=np.stack(actions),
-        task=env.task,
-        success=success,
-    )
+    result = next(run_episodes(batched(controller), [env], 1, seed=seed, record=True))
+    return replace(result.episode, flags={})  # no corrections: no such column
 
 
 def generate_episodes(

@@ -1,7 +1,8 @@
-"""Closed-loop evaluation and collection through the :class:`~recap.envs.Env` protocol.
+"""The one closed loop: evaluation and collection of any :class:`~recap.envs.Env`.
 
-Episode k of a run starts at ``env.reset(seed + k)``, so a seed fixes the episodes and two
-policies (or two guidance strengths) are compared on the same ones. A batch of environments runs
+Every environment steps as ``obs, success, done = env.step(action)``, and episode k of a run
+starts at ``env.reset(seed + k)`` (the one seeding rule: a seed fixes the episodes, and two
+policies, or two guidance strengths, are compared on the same ones). A batch of environments runs
 in lockstep: whenever some of them have no planned action left, the policy is called once on
 their stacked observations and returns float[B, A] (one action) or float[B, H, A] (a chunk), of
 which the first ``replan_steps`` actions are executed before it is asked again (openpi's LIBERO
@@ -13,6 +14,11 @@ expert action)`` holds the expert takes over for ``takeover_steps`` steps; those
 the expert's action and ``is_correction = True`` (Step 3 forces them positive, as the paper
 does: ``compute_advantages.correction_column``), and the agent's remaining plan is dropped, so it
 replans from where the expert left off.
+
+Step metrics: ``step_metrics`` (name -> ``f(env, action) -> float``, evaluated just before the
+action is applied; by default the environment's own ``env.step_metrics`` when it has them, e.g.
+the reaching task's ``heading``) are summed per episode (``Result.metrics``), and
+:func:`evaluate` reports each one's mean over every step of every episode.
 
 Sharding: with ``sharded=True`` under a launched world (``recap.engine.distributed.init()``;
 the launcher training uses, e.g. ``deepspeed --num_gpus 2``), rank r of W runs episodes
@@ -39,17 +45,18 @@ import numpy as np
 
 from recap.core.advantages import IS_CORRECTION
 from recap.data.lerobot_writer import Episode, write_lerobot_dataset
-from recap.data.synthetic import reset_policy
 from recap.envs.base import (
     BatchedPolicy,
     Controller,
     EnvSource,
     Observation,
     make_envs,
+    reset_policy,
     stack_observations,
 )
 
 Drift = Callable[[Observation, np.ndarray, np.ndarray], bool]
+StepMetric = Callable[[Any, np.ndarray], float]  # (env, action about to be applied) -> value
 
 
 @dataclass(frozen=True)
@@ -68,13 +75,15 @@ class ActionDrift:
 
 @dataclass
 class Result:
-    """One finished episode: its index, outcome, steps and (when recorded) frames."""
+    """One finished episode: its index, outcome, steps, (when recorded) frames, and the sum of
+    each step metric over its steps."""
 
     index: int
     success: bool
     steps: int
     corrections: int
     episode: Episode | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -88,6 +97,7 @@ class _Slot:
     steps: int = 0
     frames: list[tuple[Observation, np.ndarray, bool]] = field(default_factory=list)
     corrections: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 def run_episodes(
@@ -102,11 +112,13 @@ def run_episodes(
     takeover_steps: int = 5,
     record: bool = False,
     indices: Sequence[int] | None = None,
+    step_metrics: Mapping[str, StepMetric] | None = None,
 ) -> Iterator[Result]:
     """Run episodes ``seed .. seed + num_episodes - 1`` (module docstring); yields each as it
     finishes (not in index order). ``record``: keep the frames (``Result.episode``): frame t holds
     the observation before step t and the action executed at it. ``indices``: run only these
-    episodes (a rank's :func:`shard`), in that order."""
+    episodes (a rank's :func:`shard`), in that order. ``step_metrics``: summed per episode into
+    ``Result.metrics`` (None: the environments' own ``step_metrics``, if any)."""
     if replan_steps < 1:
         raise ValueError(f"replan_steps={replan_steps}: execute at least one action per chunk")
     if takeover_steps < 1:
@@ -114,6 +126,7 @@ def run_episodes(
     order = list(range(num_episodes)) if indices is None else [int(k) for k in indices]
     envs = make_envs(envs, min(num_envs, max(len(order), 1)))[: max(len(order), 1)]
     drift = drift if drift is not None else ActionDrift()
+    metrics = dict(env_step_metrics(envs[0]) if step_metrics is None else step_metrics)
     slots, pending = [_Slot() for _ in envs], iter(order)
 
     def start(i: int) -> bool:
@@ -121,7 +134,7 @@ def run_episodes(
         if k is None:
             slots[i] = _Slot()
             return False
-        slots[i] = _Slot(index=k, obs=envs[i].reset(seed + k))
+        slots[i] = _Slot(index=k, obs=envs[i].reset(seed + k), metrics=dict.fromkeys(metrics, 0.0))
         if expert is not None:
             reset_policy(expert)
         return True
@@ -150,12 +163,15 @@ def run_episodes(
                     slot.plan.clear()
             if record:
                 slot.frames.append((slot.obs, action, corrected))
+            for name, metric in metrics.items():
+                slot.metrics[name] += float(metric(envs[i], action))
             slot.obs, success, done = envs[i].step(action)
             slot.steps += 1
             slot.corrections += corrected
             if done:
                 episode = _episode(slot.frames, success) if record else None
-                yield Result(slot.index, bool(success), slot.steps, slot.corrections, episode)
+                yield Result(slot.index, bool(success), slot.steps, slot.corrections, episode,
+                             slot.metrics)  # fmt: skip
                 if not start(i):
                     live.remove(i)
 
@@ -193,13 +209,64 @@ def world(sharded: bool) -> tuple[int, int]:
     return distributed.rank(), distributed.world_size()
 
 
+def env_step_metrics(env: Any) -> Mapping[str, StepMetric]:
+    """The step metrics an environment declares (``env.step_metrics``; none by default)."""
+    return dict(getattr(env, "step_metrics", None) or {})
+
+
 def _merge_sum(values: np.ndarray) -> np.ndarray:
-    """int64 ``values`` summed over the ranks (this rank's own when there is one)."""
+    """``values`` summed over the ranks (this rank's own when there is one)."""
     import torch
 
     from recap.engine import distributed
 
     return distributed.all_reduce_sum(torch.from_numpy(values)).numpy()
+
+
+@dataclass
+class Outcomes:
+    """Per episode k (seed ``seed + k``) at position k: ``success`` bool[N], ``steps`` int[N],
+    and per step metric the sum over the episode's steps, float64[N]."""
+
+    success: np.ndarray
+    steps: np.ndarray
+    metrics: dict[str, np.ndarray]
+
+    def metric_mean(self, name: str) -> float:
+        """The mean of metric ``name`` over every step of every episode (0.0 for no steps)."""
+        total = int(self.steps.sum())
+        return float(self.metrics[name].sum() / total) if total else 0.0
+
+
+def run_outcomes(
+    policy: BatchedPolicy,
+    envs: EnvSource,
+    num_episodes: int,
+    seed: int = 0,
+    replan_steps: int = 1,
+    num_envs: int = 8,
+    sharded: bool = False,
+    step_metrics: Mapping[str, StepMetric] | None = None,
+) -> Outcomes:
+    """:class:`Outcomes` of episodes ``seed .. seed + num_episodes - 1``; ``sharded``: this rank
+    runs its :func:`shard` and every rank returns the merged outcomes."""
+    rank, size = world(sharded)
+    mine = shard(num_episodes, rank, size)
+    made = make_envs(envs, min(num_envs, max(len(mine), 1)))
+    names = list(env_step_metrics(made[0]) if step_metrics is None else step_metrics)
+    counts = np.zeros((3, num_episodes), dtype=np.int64)  # [success, ran, steps]
+    sums = np.zeros((len(names), num_episodes), dtype=np.float64)
+    for result in run_episodes(policy, made, num_episodes, seed, replan_steps, num_envs,
+                               indices=mine, step_metrics=step_metrics):  # fmt: skip
+        counts[:, result.index] = (int(result.success), 1, result.steps)
+        for row, name in enumerate(names):
+            sums[row, result.index] = result.metrics[name]
+    if size > 1:
+        counts, sums = _merge_sum(counts), _merge_sum(sums)
+    if not (counts[1] == 1).all():
+        raise RuntimeError(f"episode_outcomes: episodes {np.flatnonzero(counts[1] != 1).tolist()} "
+                           "ran on no rank or on several")  # fmt: skip
+    return Outcomes(counts[0].astype(bool), counts[2], dict(zip(names, sums, strict=True)))
 
 
 def episode_outcomes(
@@ -213,18 +280,8 @@ def episode_outcomes(
 ) -> np.ndarray:
     """bool[num_episodes]: the success of episode k (seed ``seed + k``) at position k;
     ``sharded``: this rank runs its :func:`shard` and every rank returns the merged outcomes."""
-    rank, size = world(sharded)
-    mine = shard(num_episodes, rank, size)
-    won = np.zeros((2, num_episodes), dtype=np.int64)  # [success, ran]
-    for result in run_episodes(policy, envs, num_episodes, seed, replan_steps, num_envs,
-                               indices=mine):  # fmt: skip
-        won[:, result.index] = (int(result.success), 1)
-    if size > 1:
-        won = _merge_sum(won)
-    if not (won[1] == 1).all():
-        raise RuntimeError(f"episode_outcomes: episodes {np.flatnonzero(won[1] != 1).tolist()} "
-                           "ran on no rank or on several")  # fmt: skip
-    return won[0].astype(bool)
+    return run_outcomes(policy, envs, num_episodes, seed, replan_steps, num_envs, sharded,
+                        step_metrics={}).success  # fmt: skip
 
 
 def evaluate(
@@ -236,20 +293,25 @@ def evaluate(
     replan_steps: int = 1,
     num_envs: int = 8,
     sharded: bool = False,
+    step_metrics: Mapping[str, StepMetric] | None = None,
 ) -> dict[str, Any]:
     """Success rate per guidance strength: ``{"success": {"beta_1": rate, ...}, "outcomes":
-    {"beta_1": [0/1 per episode], ...}}``; ``policy_at(beta)`` is the batched policy at beta
-    (e.g. :class:`recap.envs.policy.ChunkAdapter`), every beta on the same seeded episodes;
-    ``sharded``: the episodes split over the ranks, the same result on every rank."""
-    success, outcomes = {}, {}
+    {"beta_1": [0/1 per episode], ...}, "metrics": {name: {"beta_1": mean per step, ...}}, ...}``;
+    ``policy_at(beta)`` is the batched policy at beta (e.g.
+    :class:`recap.envs.policy.ChunkAdapter`), every beta on the same seeded episodes;
+    ``step_metrics``: as :func:`run_episodes`; ``sharded``: the episodes split over the ranks, the
+    same result on every rank."""
+    success, outcomes, metrics = {}, {}, {}
     for beta in betas:
-        won = episode_outcomes(policy_at(float(beta)), envs, num_episodes, seed, replan_steps,
-                               num_envs, sharded)  # fmt: skip
+        run = run_outcomes(policy_at(float(beta)), envs, num_episodes, seed, replan_steps,
+                           num_envs, sharded, step_metrics)  # fmt: skip
         key = f"beta_{float(beta):g}"
-        success[key] = float(won.mean()) if num_episodes else 0.0
-        outcomes[key] = won.astype(int).tolist()
-    return {"success": success, "outcomes": outcomes, "num_episodes": num_episodes,
-            "seed": seed, "replan_steps": replan_steps}  # fmt: skip
+        success[key] = float(run.success.mean()) if num_episodes else 0.0
+        outcomes[key] = run.success.astype(int).tolist()
+        for name in run.metrics:
+            metrics.setdefault(name, {})[key] = run.metric_mean(name)
+    return {"success": success, "outcomes": outcomes, "metrics": metrics,
+            "num_episodes": num_episodes, "seed": seed, "replan_steps": replan_steps}  # fmt: skip
 
 
 COLLECT_FILE = "meta/recap_collect.json"  # the collection's record, beside LeRobot's meta files

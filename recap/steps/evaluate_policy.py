@@ -1,16 +1,24 @@
-"""Closed-loop evaluation of a trained Step 4 policy on the synthetic reaching task.
+"""Closed-loop evaluation of a trained Step 4 policy on any environment (the demo's reaching task
+by default).
 
 The run directory alone says how the policy is fed (``recap.loading.load_policy``: the weights
 and the ``processor.json`` its training wrote; an older run's processor is rebuilt from the
-parsed gin bindings, with one log line). For each guidance strength beta, ``num_episodes``
-seeded episodes of ``ReachEnv`` run in lockstep batches (``synthetic.evaluate_batch``); every
+parsed gin bindings, with one log line). The environment is named by ``evaluate_policy.env``:
+``"reach"`` (``recap.envs.reach``, its state layout read from the training data), ``"metaworld"``
+(``recap.envs.metaworld.MetaWorldEnv``), ``"libero"`` (``recap.envs.libero.LiberoEnv``) or
+``"package.module:Factory"`` (any callable returning an ``recap.envs.Env``), built with the
+keyword arguments ``evaluate_policy.env_options``. For each guidance strength beta,
+``num_episodes`` seeded episodes (episode k at ``env.reset(seed + k)``) run through the one
+closed loop (``recap.envs.rollout.evaluate``, ``batch_size`` environments in lockstep); every
 step the policy samples an action chunk with v = v_uncond + beta (v_cond - v_uncond) between the
 prompt with the positive advantage text and the plain task, unnormalizes it (openpi's inverse
-quantile map, on the first D dims) and executes its first action (replanning each step). A
+quantile map, on the first D dims) and executes its first ``replan_steps`` actions. A
 behaviour-cloning policy (``conditioning = "none"``) has one prompt, so it is evaluated at beta 1
-only. Success rates and the mean heading (``synthetic.heading``: cosine between each executed
-action and the way to the named target; ~0 for a policy that has not learned the task, whatever
-its success) are printed and written to ``{run_dir}/closed_loop.json``.
+only. Success rates, the mean heading (the environment's ``heading`` step metric: for the reach
+task the cosine between each executed action and the way to the named target, ~0 for a policy
+that has not learned the task, whatever its success; null for an environment without one) and
+the conditioning-sensitivity probe (on the first observations of the evaluation's episodes) are
+printed and written to ``{run_dir}/closed_loop.json``.
 
     python scripts/evaluate_policy.py --gin_file demo/policy.gin
     python scripts/evaluate_policy.py --gin_file demo/policy_bc.gin \
@@ -19,27 +27,22 @@ its success) are printed and written to ``{run_dir}/closed_loop.json``.
 
 from __future__ import annotations
 
+import importlib
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import gin
-import numpy as np
 import torch
 
 import recap.steps.train  # noqa: F401  (registers train, policy_data and pi05_policy with gin)
 from recap import logs
 from recap.data.sidecars import write_atomic
-from recap.data.synthetic import (
-    STATE_NAMES,
-    TARGET_STATE_NAMES,
-    ReachConfig,
-    ReachEnv,
-    episode_outcomes,
-    seeded_layouts,
-    stack_observations,
-)
+from recap.envs.base import Env, stack_observations
+from recap.envs.reach import STATE_NAMES, TARGET_STATE_NAMES, ReachConfig, ReachEnv
+from recap.envs.rollout import evaluate
 from recap.errors import RecapError
 from recap.loading import PolicyAdapter, load_policy, load_run  # noqa: F401  (re-exported)
 from recap.models.pi05 import Pi05Policy
@@ -55,8 +58,11 @@ from recap.processing.prompts import PLAIN, POSITIVE_ONLY
 log = logs.get(__name__)
 # Code version in the fingerprints of this step's stages: bump it when its results change (those
 # stages and the ones after them rerun); tests check it against recap/workflow/code_versions.json.
-STEP_VERSION = "1"
+STEP_VERSION = "2"  # 2: any Env; episode k at reset(seed + k) (reach layouts changed)
 RESULTS_FILE = "closed_loop.json"
+
+
+ENVS = ("reach", "metaworld", "libero")  # by name; else "package.module:Factory"
 
 
 @gin.configurable
@@ -71,49 +77,99 @@ def evaluate_policy(
     noise_seed: int = 0,
     guidance: str = "positive",
     state_targets: bool | None = None,
+    env: str = "reach",
+    env_options: Mapping[str, Any] | None = None,
+    replan_steps: int = 1,
 ) -> dict[str, float]:
-    """Success rate per beta (``{"beta_1.0": rate, ...}``) over ``num_episodes`` episodes whose
-    layouts come from ``seed`` (held out from the demo data's seeds); ``run_dir`` defaults to
+    """Success rate per beta (``{"beta_1.0": rate, ...}``) over ``num_episodes`` episodes
+    ``seed .. seed + num_episodes - 1`` (held out from the demo data's seeds) of ``env``
+    (module docstring; ``env_options``: its keyword arguments) with ``batch_size`` environments
+    in lockstep, executing ``replan_steps`` actions of each chunk; ``run_dir`` defaults to
     ``train.run_dir``. ``guidance`` (RLinf's ``guidance_type``): ``"positive"``, ``"negative"``
     (the "Advantage: negative" prompt as the guided branch; refused for a policy trained with
-    ``positive_only_conditional``) or ``"no_guide"`` (the plain prompt only).
-    ``state_targets``: the task's ``ReachConfig.state_targets``; None (default) reads it from
-    the training data's state names (``reach_state_targets``), as ``recap-demo-data`` wrote them
-    with or without ``--state-targets``."""
+    ``positive_only_conditional``) or ``"no_guide"`` (the plain prompt only). Reach only:
+    ``max_steps`` (the episode limit) and ``state_targets`` (the task's
+    ``ReachConfig.state_targets``; None, the default, reads it from the training data's state
+    names: ``reach_state_targets``, as ``recap-demo-data`` wrote them with or without
+    ``--state-targets``)."""
     model, processor, run = load_run(run_dir)
     if processor.conditioning in PLAIN:
         betas = [1.0]  # one prompt: guidance has nothing to contrast
+    make_env = env_factory(env, env_options, max_steps, lambda: reach_state_targets(
+        processor, state_targets))  # fmt: skip
     results, outcomes, headings = {}, {}, {}
-    state_targets = reach_state_targets(processor, state_targets)
-    config = ReachConfig(max_steps=max_steps, state_targets=state_targets)
     for beta in betas:
         start = time.perf_counter()
-        adapter = PolicyAdapter(model, processor, float(beta), num_steps, noise_seed, guidance)
-        steps: list[float] = []
+
+        def policy_at(b: float) -> PolicyAdapter:
+            return PolicyAdapter(model, processor, b, num_steps, noise_seed, guidance)
+
         with torch.no_grad():
-            won = episode_outcomes(adapter, num_episodes, seed, batch_size, config, steps)
+            out = evaluate(policy_at, make_env, num_episodes, seed, [float(beta)], replan_steps,
+                           batch_size)  # fmt: skip
         key = f"beta_{float(beta):g}"
-        results[key], outcomes[key] = float(won.mean()) if num_episodes else 0.0, won
-        headings[key] = round(float(np.mean(steps)), 6) if steps else 0.0
+        results[key], outcomes[key] = out["success"][key], out["outcomes"][key]
+        heading = out["metrics"].get("heading", {}).get(key)
+        headings[key] = round(heading, 6) if heading is not None else None
         seconds = time.perf_counter() - start
-        log.info(
-            f"{run.name}: beta {float(beta):g}: success {results[key]:.3f} over "
-            f"{num_episodes} episodes, heading {headings[key]:.3f} ({seconds:.0f} s)"
-        )
-    record = {"conditioning": processor.conditioning, "num_episodes": num_episodes, "seed": seed,
-              "guidance": guidance, "success": results, "heading": headings,
-              "outcomes": {k: v.astype(int).tolist() for k, v in outcomes.items()}}  # fmt: skip
+        shown = f", heading {heading:.3f}" if heading is not None else ""
+        log.info(f"{run.name}: beta {float(beta):g}: success {results[key]:.3f} over "
+                 f"{num_episodes} episodes{shown} ({seconds:.0f} s)")  # fmt: skip
+    record = {"env": env, "conditioning": processor.conditioning, "num_episodes": num_episodes,
+              "seed": seed, "guidance": guidance, "success": results, "heading": headings,
+              "outcomes": outcomes}  # fmt: skip
     if processor.conditioning not in PLAIN:
         record["sensitivity"] = conditioning_sensitivity(
-            model, processor, seed, num_steps, noise_seed, config=config)  # fmt: skip
+            model, processor, seed, num_steps, noise_seed, env=make_env)  # fmt: skip
         log.info(f"{run.name}: conditioning sensitivity {record['sensitivity']}")
     write_atomic({run / RESULTS_FILE: lambda p: p.write_text(json.dumps(record, indent=2) + "\n")})
     return results
 
 
+def env_factory(
+    name: str,
+    options: Mapping[str, Any] | None = None,
+    max_steps: int = 40,
+    state_targets: Callable[[], bool] = lambda: False,
+) -> Callable[[], Env]:
+    """A zero-argument constructor of environment ``name`` (``evaluate_policy.env``; module
+    docstring) with keyword arguments ``options``; for ``"reach"``, options are ``ReachConfig``
+    fields over ``max_steps`` and ``state_targets()`` (called only for reach, and only when the
+    options do not set it). An unknown name or a factory that does not import: one line."""
+    options = dict(options or {})
+    if name == "reach":
+        fields = {"max_steps": max_steps, **options}
+        if "state_targets" not in fields:
+            fields["state_targets"] = state_targets()
+        try:
+            config = ReachConfig(**fields)
+        except TypeError as error:
+            raise RecapError(f"evaluate_policy.env_options: {error}; use ReachConfig "
+                             "fields") from None  # fmt: skip
+        return lambda: ReachEnv(config)
+    if name == "metaworld":
+        from recap.envs.metaworld import MetaWorldEnv
+
+        return lambda: MetaWorldEnv(**options)
+    if name == "libero":
+        from recap.envs.libero import LiberoEnv
+
+        return lambda: LiberoEnv(**options)
+    module, _, attr = name.partition(":")
+    if not module or not attr:
+        raise RecapError(f"evaluate_policy.env: {name!r} is not one of {list(ENVS)} nor "
+                         "'package.module:Factory'; name one of them")  # fmt: skip
+    try:
+        factory = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as error:
+        raise RecapError(f"evaluate_policy.env: {name!r} does not import ({error}); name an "
+                         "importable 'package.module:Factory'") from None  # fmt: skip
+    return lambda: factory(**options)
+
+
 def reach_state_targets(data, state_targets: bool | None = None) -> bool:
     """The reaching task's ``state_targets`` the policy was trained for, from the state names of
-    its training data (``synthetic.STATE_NAMES``: False, ``TARGET_STATE_NAMES``: True): a
+    its training data (``recap.envs.reach.STATE_NAMES``: False, ``TARGET_STATE_NAMES``: True): a
     processor's ``state_names``, or each dataset's ``meta/info.json`` (a ``PolicyDataset``). An
     explicit ``state_targets`` that contradicts them, datasets that disagree, or names of
     neither kind without an explicit value: one line."""
@@ -153,18 +209,18 @@ def conditioning_sensitivity(
     num_steps: int | None = None,
     noise_seed: int = 0,
     frames: int = 64,
-    config: ReachConfig = ReachConfig(),
+    env: Callable[[], Env] | None = None,
 ) -> dict[str, float]:
     """Does the policy read its label? On the first observation of ``frames`` held-out episodes
-    (the evaluation's layouts), the mean L2 distance between action chunks (normalized space,
-    the action's own dims)
+    (the evaluation's: ``env().reset(seed + k)``, the default reach task's when ``env`` is
+    None), the mean L2 distance between action chunks (normalized space, the action's own dims)
     sampled with the same noise from the positive prompt and the plain one
     (``positive_vs_plain``), the negative one (``positive_vs_negative``; omitted for
     ``positive_only_conditional``, which never saw it), and, as the scale of "no effect", from
     the positive prompt with two different noises (``noise_reference``). A policy that ignores
     its label shows ~0 for the first two."""
-    layouts = seeded_layouts(frames, seed, config)
-    obs = stack_observations([ReachEnv(0, config).reset(layout) for layout in layouts])
+    probe = (env or ReachEnv)()
+    obs = stack_observations([probe.reset(seed + k) for k in range(frames)])
     processor = getattr(processor, "processor", processor)  # a PolicyDataset carries one
     positive_only = processor.conditioning == POSITIVE_ONLY
     branches = (POSITIVE, PLAIN_BRANCH) if positive_only else (POSITIVE, NEGATIVE, PLAIN_BRANCH)

@@ -44,7 +44,7 @@ from recap.data.sidecars import (
     read_returns,
     write_advantages,
 )
-from recap.data.synthetic import (
+from recap.envs.reach import (
     ACTION_NAMES,
     ROLLOUT_MIX,
     STATE_NAMES,

@@ -114,7 +114,7 @@ def test_advantage_texts_are_rlinf_and_the_newline_is_openpis_own_token(sp, toke
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    from recap.data.synthetic import write_demo_datasets
+    from recap.envs.reach import write_demo_datasets
 
     root = tmp_path_factory.mktemp("styles") / "demo_data"
     write_demo_datasets(root, seed=0, sft_episodes=2, rollout_episodes=2, eval_episodes=1)

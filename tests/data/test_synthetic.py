@@ -1,4 +1,5 @@
-"""The synthetic reaching task and the LeRobot writer, read back through LocalDataset."""
+"""The demo's reaching task (``recap.envs.reach``) and the LeRobot writer, read back through
+LocalDataset."""
 
 from __future__ import annotations
 
@@ -20,24 +21,25 @@ from recap.data.lerobot_writer import (
     feature_stats,
     write_lerobot_dataset,
 )
-from recap.data.synthetic import (
+from recap.data.transforms import load_tokenizer
+from recap.envs.base import batched
+from recap.envs.reach import (
     ACTION_NAMES,
     ROLLOUT_MIX,
     STATE_NAMES,
+    Layout,
     RandomPolicy,
     ReachConfig,
     ReachEnv,
     ScriptedPolicy,
-    episode_outcomes,
-    evaluate,
-    evaluate_batch,
     generate_episodes,
     heading,
     locate_target,
+    sample_layout,
     write_demo_datasets,
     write_demo_tokenizer,
 )
-from recap.data.transforms import load_tokenizer
+from recap.envs.rollout import episode_outcomes, run_outcomes
 from recap.errors import RecapError
 
 SHORT = ReachConfig(max_steps=12)  # tiny episodes for the writer tests
@@ -84,8 +86,8 @@ def written(request, tmp_path_factory, episodes):
 
 
 def test_observation_layout_and_dynamics():
-    env = ReachEnv(seed=3)
-    obs = env.reset()
+    env = ReachEnv()
+    obs = env.reset(3)
     assert obs["images"]["image"].shape == (64, 64, 3) and obs["images"]["image"].dtype == np.uint8
     assert obs["images"]["wrist_image"].shape == (64, 64, 3)
     assert obs["state"].dtype == np.float32 and obs["state"].shape == (8,)
@@ -93,26 +95,33 @@ def test_observation_layout_and_dynamics():
     np.testing.assert_array_equal(obs["state"][:2], env.agent.astype(np.float32))
     assert (obs["images"]["wrist_image"][31:33, 31:33] == 255).all()  # agent at the wrist centre
     x0 = env.agent.copy()
-    obs, done, success = env.step(np.array([5.0, -0.5, 0, 0, 0, 0, 0]))  # clipped to (1, -0.5)
+    obs, success, done = env.step(np.array([5.0, -0.5, 0, 0, 0, 0, 0]))  # clipped to (1, -0.5)
     np.testing.assert_allclose(env.agent, np.clip(x0 + [0.04, -0.02], 0, 1))
     np.testing.assert_allclose(obs["state"][2:], [1.0, -0.5, 0, 0, 0, 0], atol=1e-7)
     steps = 1
     while not done:
-        obs, done, success = env.step(np.zeros(7))
+        obs, success, done = env.step(np.zeros(7))
         steps += 1
     assert (steps, success) == (40, False)
     with pytest.raises(RuntimeError):
         env.step(np.zeros(7))
+    # reset(seed) is the layout of default_rng(seed); reset(Layout) starts there
+    layout = sample_layout(np.random.default_rng(3))
+    np.testing.assert_array_equal(env.reset(3)["state"], env.reset(layout)["state"])
+    targets = {"red": np.array([0.52, 0.5]), "blue": np.array([0.1, 0.1])}
+    again = env.reset(Layout(np.array([0.5, 0.5]), targets, "red"))
+    assert again["task"] == "reach the red target"
+    assert env.step(np.zeros(7))[1:] == (True, True)  # within success_radius: success and done
 
 
 def test_state_targets_carry_each_targets_offset_from_the_agent(tmp_path):
     config = ReachConfig(state_targets=True)
-    env = ReachEnv(seed=3, config=config)
-    obs = env.reset()
+    env = ReachEnv(config)
+    obs = env.reset(3)
     red, blue = env.layout.targets["red"], env.layout.targets["blue"]
     np.testing.assert_allclose(obs["state"][4:], [*(red - env.agent), *(blue - env.agent)],
                                atol=1e-7)  # fmt: skip
-    plain = ReachEnv(seed=3).reset()
+    plain = ReachEnv().reset(3)
     np.testing.assert_array_equal(plain["state"][:2], obs["state"][:2])
     np.testing.assert_array_equal(plain["state"][4:], np.zeros(4, np.float32))
     for key in plain["images"]:  # the cameras show the same scene
@@ -138,8 +147,8 @@ def test_state_targets_carry_each_targets_offset_from_the_agent(tmp_path):
 
 
 def test_trail_shows_the_path_brighter_when_recent():
-    env = ReachEnv(seed=2)
-    obs = env.reset()
+    env = ReachEnv()
+    obs = env.reset(2)
     assert not np.isin(obs["images"]["image"], [80, 120, 160, 200]).all(-1).any()  # no trail yet
     for _ in range(4):
         obs, _, _ = env.step(np.array([1.0, 0.0]))  # 0.04 to the right per step
@@ -154,77 +163,75 @@ def test_trail_shows_the_path_brighter_when_recent():
     assert seen >= 2  # the newest dots may lie under the agent's disc
     for color, pos in env.layout.targets.items():  # the trail never reads as a target
         assert np.abs(locate_target(image, color) - pos).max() < 1 / 64
-    plain = ReachEnv(seed=2, config=ReachConfig(trail_radius=0.0))
-    obs = plain.reset()
+    plain = ReachEnv(ReachConfig(trail_radius=0.0))
+    obs = plain.reset(2)
     for _ in range(4):
         obs, _, _ = plain.step(np.array([1.0, 0.0]))
     assert not np.isin(obs["images"]["image"], shades).all(-1).any()
 
 
 def test_locate_target_within_a_pixel():
-    env = ReachEnv(seed=5)
-    for _ in range(10):
-        obs = env.reset()
+    env = ReachEnv()
+    for seed in range(5, 15):
+        obs = env.reset(seed)
         for color, pos in env.layout.targets.items():
             assert np.abs(locate_target(obs["images"]["image"], color) - pos).max() < 1 / 64
 
 
+def confused_policy() -> ScriptedPolicy:
+    """Always heads for the other target (confusion 1, no recovery; drawn at its reset)."""
+    policy = ScriptedPolicy(confusion=1.0)
+    policy.reset()
+    return policy
+
+
 def test_closed_loop_expert_is_perfect_and_random_is_poor():
-    assert evaluate(ScriptedPolicy(), num_episodes=40, seed=11) == 1.0
-    assert evaluate(RandomPolicy(seed=1), num_episodes=40, seed=11) <= 0.15
-    wrong = ScriptedPolicy(confusion=1.0)  # always heads for the other target: language matters
-    assert evaluate(wrong, num_episodes=20, seed=11) <= 0.1
+    def rate(policy, n):
+        return float(episode_outcomes(batched(policy), ReachEnv, n, seed=11).mean())
+
+    assert rate(ScriptedPolicy(), 40) == 1.0
+    assert rate(RandomPolicy(seed=1), 40) <= 0.15
+    assert rate(confused_policy(), 20) <= 0.1  # the other target: language matters
 
 
-def test_heading_is_one_for_the_expert_and_near_zero_for_a_random_policy():
-    def batched(policy):
-        return lambda obs: np.stack([policy({"images": {k: v[i] for k, v in obs["images"].items()},
-                                             "state": obs["state"][i], "task": obs["task"][i]})
-                                     for i in range(len(obs["task"]))])  # fmt: skip
-
-    confused = ScriptedPolicy(confusion=1.0)
-    confused.reset()  # confusion 1, no recovery: confused in every episode
+def test_heading_is_a_step_metric_of_the_loop_one_for_the_expert_near_zero_for_random():
     rates = {}
     for name, policy in (("expert", ScriptedPolicy()), ("random", RandomPolicy(seed=1)),
-                         ("confused", confused)):  # fmt: skip
-        steps: list[float] = []
-        won = episode_outcomes(batched(policy), 8, seed=11, batch_size=8, headings=steps)
-        rates[name] = (round(float(won.mean()), 2), round(float(np.mean(steps)), 2))
+                         ("confused", confused_policy())):  # fmt: skip
+        run = run_outcomes(batched(policy), ReachEnv, 8, seed=11, num_envs=8)
+        assert list(run.metrics) == ["heading"]  # the env's own step metric, by default
+        rates[name] = (round(float(run.success.mean()), 2), round(run.metric_mean("heading"), 2))
     assert rates["expert"] == (1.0, 1.0)
     assert rates["random"][0] <= 0.15 and abs(rates["random"][1]) < 0.1
     assert rates["confused"][0] == 0.0 and rates["confused"][1] < 0.5  # the other target's way
-    env = ReachEnv(seed=3)
-    env.reset()
+    env = ReachEnv()
+    env.reset(3)
     way = env.layout.targets[env.layout.color] - env.agent
     assert heading(env, np.array([*way, 0, 0, 0, 0, 0])) == pytest.approx(1.0)
     assert heading(env, np.array([*-way, 0, 0, 0, 0, 0])) == pytest.approx(-1.0)
     assert heading(env, np.zeros(7)) == 0.0
+    # the metric's mean is over every step of every episode: one episode by hand
+    env, steps = ReachEnv(ReachConfig(max_steps=5)), []
+    obs, done = env.reset(11), False
+    while not done:
+        action = np.array([0.3, -1.0, 0, 0, 0, 0, 0], np.float32)
+        steps.append(heading(env, action))
+        obs, _, done = env.step(action)
+    run = run_outcomes(lambda b: np.tile([0.3, -1.0, 0, 0, 0, 0, 0], (len(b["task"]), 1)),
+                       lambda: ReachEnv(ReachConfig(max_steps=5)), 1, seed=11)  # fmt: skip
+    assert run.metric_mean("heading") == pytest.approx(np.mean(steps), abs=1e-12)
+    assert run.steps.tolist() == [len(steps)] == [5]
 
 
-def test_evaluate_batch_matches_evaluate():
-    expert = ScriptedPolicy(noise=0.0)
-
-    def batched(obs):
-        return np.stack(
-            [
-                expert(
-                    {"images": {k: v[i] for k, v in obs["images"].items()}, "state": s, "task": t}
-                )
-                for i, (s, t) in enumerate(zip(obs["state"], obs["task"], strict=True))
-            ]
-        )
-
-    assert evaluate_batch(batched, num_episodes=10, seed=4, batch_size=4) == 1.0
+def test_outcomes_are_the_same_whatever_the_batch():
+    expert = batched(ScriptedPolicy(noise=0.0))
     # with a short time limit the expert fails far targets: same episodes, same failures
     short = ReachConfig(max_steps=8)
-    rate = evaluate(expert, 24, seed=4, config=short)
-    assert 0.2 < rate < 0.9
-    assert evaluate_batch(batched, 24, seed=4, batch_size=5, config=short) == rate
-    # per episode, in layout order: the same outcomes whatever the batch size
-    outcomes = episode_outcomes(batched, 24, seed=4, batch_size=5, config=short)
-    assert outcomes.dtype == bool and outcomes.shape == (24,) and outcomes.mean() == rate
-    again = episode_outcomes(batched, 24, seed=4, batch_size=7, config=short)
-    np.testing.assert_array_equal(outcomes, again)
+    outcomes = episode_outcomes(expert, lambda: ReachEnv(short), 24, seed=4, num_envs=5)
+    assert outcomes.dtype == bool and outcomes.shape == (24,) and 0.2 < outcomes.mean() < 0.9
+    for num_envs in (1, 7):  # per episode, in seed order: the same whatever the batch size
+        again = episode_outcomes(expert, lambda: ReachEnv(short), 24, seed=4, num_envs=num_envs)
+        np.testing.assert_array_equal(outcomes, again)
 
 
 def test_rollout_mix_success_fraction_and_expert_demos():

@@ -338,18 +338,18 @@ def test_sharded_evaluation_and_collection_match_the_unsharded_run(tmp_path):
 
 
 def test_shards_split_the_episodes_round_robin(monkeypatch):
-    from recap.envs import ReachTask
+    from recap.envs import ReachEnv
     from recap.envs.rollout import run_episodes, shard, world
-    from recap.envs.synthetic import reach_expert
+    from recap.envs.reach import reach_expert
 
     assert [shard(5, r, 2) for r in (0, 1)] == [[0, 2, 4], [1, 3]]
     assert [shard(2, r, 3) for r in (0, 1, 2)] == [[0], [1], []]
     with pytest.raises(ValueError, match=r"^shard: rank 2 of world_size 2; need 0 <= rank <"):
         shard(4, 2, 2)
     policy = batched(reach_expert())
-    full = {r.index: (r.success, r.steps) for r in run_episodes(policy, ReachTask, 5, seed=3)}
+    full = {r.index: (r.success, r.steps) for r in run_episodes(policy, ReachEnv, 5, seed=3)}
     odd = {r.index: (r.success, r.steps)
-           for r in run_episodes(policy, ReachTask, 5, seed=3, indices=shard(5, 1, 2))}  # fmt: skip
+           for r in run_episodes(policy, ReachEnv, 5, seed=3, indices=shard(5, 1, 2))}  # fmt: skip
     assert sorted(odd) == [1, 3] and odd == {k: full[k] for k in (1, 3)}
     assert world(False) == (0, 1) and world(True) == (0, 1)  # no launcher: one rank
     monkeypatch.setenv("WORLD_SIZE", "2")

@@ -13,11 +13,11 @@ from recap.core.thresholds import IS_CORRECTION, LabelOptions
 from recap.data.lerobot import LEROBOT_KEYS, LocalDataset, detect_key_map
 from recap.data.lerobot_writer import Episode, WriterConfig, write_lerobot_dataset
 from recap.data.specs import DatasetSpec
-from recap.data.synthetic import ReachConfig, ScriptedPolicy
+from recap.envs.reach import ReachConfig, ScriptedPolicy
 from recap.envs import (
     ActionDrift,
     EnvSpec,
-    ReachTask,
+    ReachEnv,
     batched,
     collect,
     evaluate,
@@ -39,7 +39,7 @@ def confused(seed=0):
 
 
 def test_reach_task_follows_the_protocol():
-    env = ReachTask(CONFIG)
+    env = ReachEnv(CONFIG)
     first = env.reset(3)
     assert sorted(first["images"]) == ["image", "wrist_image"]
     assert first["images"]["image"].shape == (16, 16, 3) and first["state"].shape == (8,)
@@ -129,7 +129,7 @@ def test_bad_policy_output_and_arguments_are_one_line_errors():
 
 def test_evaluate_per_beta_on_the_same_seeded_episodes():
     policies = {1.0: batched(reach_expert(CONFIG)), 2.0: batched(confused())}
-    out = evaluate(policies.__getitem__, lambda: ReachTask(CONFIG), 4, seed=0,
+    out = evaluate(policies.__getitem__, lambda: ReachEnv(CONFIG), 4, seed=0,
                    betas=(1.0, 2.0), replan_steps=2, num_envs=3)  # fmt: skip
     assert out["success"] == {"beta_1": 1.0, "beta_2": 0.0}
     assert out["outcomes"] == {"beta_1": [1, 1, 1, 1], "beta_2": [0, 0, 0, 0]}
@@ -148,14 +148,14 @@ def _read(root):
 def test_collect_with_an_expert_writes_corrections_that_read_back(tmp_path):
     expert = reach_expert(CONFIG)
     kwargs = dict(expert=expert, drift=ActionDrift(1.0, dims=2), takeover_steps=4, num_envs=2)
-    summary = collect(batched(confused()), lambda: ReachTask(CONFIG), 3, 7, tmp_path / "ds",
+    summary = collect(batched(confused()), lambda: ReachEnv(CONFIG), 3, 7, tmp_path / "ds",
                       image_dtype="image", record={"policy": "confused"}, **kwargs)  # fmt: skip
     # the confused agent alone never succeeds; corrected it always does
     assert (summary["episodes"], summary["successes"], summary["version"]) == (3, 3, "v3.0")
-    recorded = sorted(run_episodes(batched(confused()), lambda: ReachTask(CONFIG), 3, 7,
+    recorded = sorted(run_episodes(batched(confused()), lambda: ReachEnv(CONFIG), 3, 7,
                                    record=True, **kwargs), key=lambda r: r.index)  # fmt: skip
     table, images, info, keys = _read(tmp_path / "ds")
-    assert keys == LEROBOT_KEYS == ReachTask(CONFIG).spec.key_map()  # what the policy data reads
+    assert keys == LEROBOT_KEYS == ReachEnv(CONFIG).spec.key_map()  # what the policy data reads
     assert info["features"][IS_CORRECTION]["dtype"] == "bool"
     episodes = [r.episode for r in recorded]
     flags = np.concatenate([e.flags[IS_CORRECTION] for e in episodes])
@@ -173,7 +173,7 @@ def test_collect_with_an_expert_writes_corrections_that_read_back(tmp_path):
     np.testing.assert_array_equal(images, np.concatenate([e.images["image"] for e in episodes]))
     # a corrected frame executed the expert's action at its observation
     frame = int(np.flatnonzero(flags)[0])
-    env = ReachTask(CONFIG)
+    env = ReachEnv(CONFIG)
     obs = env.reset(7)
     for a in actions[:frame]:
         obs, _, _ = env.step(a)
@@ -185,13 +185,13 @@ def test_collect_with_an_expert_writes_corrections_that_read_back(tmp_path):
 
 
 def test_collect_without_an_expert_marks_no_correction(tmp_path):
-    summary = collect(batched(confused()), [ReachTask(CONFIG)], 2, 0, tmp_path / "ds",
+    summary = collect(batched(confused()), [ReachEnv(CONFIG)], 2, 0, tmp_path / "ds",
                       image_dtype="video")  # fmt: skip
     assert (summary["successes"], summary["corrections"], summary["frames"]) == (0, 0, 60)
     table, images, _, _ = _read(tmp_path / "ds")
     assert table.column(IS_CORRECTION).to_pylist() == [False] * 60 and images.shape[0] == 60
     with pytest.raises(FileExistsError):  # a new dataset each time, never merged into one
-        collect(batched(confused()), [ReachTask(CONFIG)], 1, 0, tmp_path / "ds")
+        collect(batched(confused()), [ReachEnv(CONFIG)], 1, 0, tmp_path / "ds")
 
 
 def test_writer_flags_must_agree_across_episodes(tmp_path):
@@ -224,7 +224,7 @@ def _step3_table(frames: pa.Table) -> pa.Table:
 def test_step3_forces_collected_corrections_positive(tmp_path):
     collect(
         batched(confused()),
-        [ReachTask(CONFIG)],
+        [ReachEnv(CONFIG)],
         2,
         7,
         tmp_path / "ds",

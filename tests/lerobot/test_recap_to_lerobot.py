@@ -20,7 +20,7 @@ from lerobot.scripts.convert_dataset_v21_to_v30 import convert_dataset
 
 from recap.data.lerobot_writer import V21, V30, Episode, WriterConfig, column_names
 from recap.data.lerobot_writer import write_lerobot_dataset as write_with_recap
-from recap.data.synthetic import (
+from recap.envs.reach import (
     ACTION_NAMES,
     STATE_NAMES,
     ReachConfig,

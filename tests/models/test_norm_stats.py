@@ -34,7 +34,7 @@ def openpi_checkpoint(directory, asset=ASSET, state=CKPT_STATE, actions=CKPT_ACT
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    from recap.data.synthetic import write_demo_datasets, write_demo_tokenizer
+    from recap.envs.reach import write_demo_datasets, write_demo_tokenizer
 
     root = tmp_path_factory.mktemp("norm") / "demo_data"
     write_demo_datasets(root, seed=0, sft_episodes=2, rollout_episodes=1, eval_episodes=1)

@@ -21,8 +21,7 @@ from openpi_client.websocket_client_policy import WebsocketClientPolicy
 
 from recap.data.conditioning import QuantileStats
 from recap.data.lerobot import LocalDataset
-from recap.data.synthetic import ReachConfig
-from recap.envs.synthetic import ReachTask, reach_expert
+from recap.envs.reach import ReachConfig, ReachEnv, reach_expert
 from recap.models.checkpoints import write_norm_stats
 from recap.processing.transforms import write_word_tokenizer
 from recap.serve.client import RobotClient
@@ -68,7 +67,7 @@ def request(obs: dict) -> dict:
 def drive(robot: RobotClient, seed: int, intervene: bool, end: bool = True) -> dict:
     """One reach episode; steps 1-2 of an intervened episode are the scripted expert's (the
     'human'). Returns what was sent and executed."""
-    env, expert = ReachTask(REACH), reach_expert(REACH)
+    env, expert = ReachEnv(REACH), reach_expert(REACH)
     obs = env.reset(seed)
     sent = {"state": [], "action": [], "correction": [], "images": [], "chunks": []}
     done, success, t = False, False, 0
@@ -152,7 +151,7 @@ def test_a_stock_client_is_served_and_its_connection_recorded(reach_served, tmp_
     config = ServerConfig(port=0, record=RecordConfig(tmp_path / "rec"))
     with BackgroundServer(reach_served, config) as server:
         policy = WebsocketClientPolicy("127.0.0.1", server.port)
-        obs = ReachTask(REACH).reset(3)
+        obs = ReachEnv(REACH).reset(3)
         replies = [policy.infer(request(obs))["actions"] for _ in range(3)]
         policy._ws.close()
         assert wait_until(lambda: len(recorded_episodes(tmp_path / "rec")) == 1)
@@ -173,7 +172,7 @@ def test_caps_drop_the_episode_with_one_line_and_serving_goes_on(reach_served, t
         long = drive(robot, 0, intervene=False)  # 6 frames: past the cap
         assert long["reply"] == {"episode_end": True, "episode": None, "frames": 0}
         assert len(long["chunks"]) == REACH.max_steps  # every request was answered
-        env = ReachTask(REACH)
+        env = ReachEnv(REACH)
         obs = env.reset(1)
         for _ in range(2):
             robot.infer(request(obs))

@@ -24,7 +24,7 @@ from recap.core.normalize import ReturnRange
 from recap.data.datasets import ValueDataset
 from recap.data.sidecars import read_advantages, read_returns
 from recap.data.specs import parse_dataset_specs
-from recap.data.synthetic import write_demo_datasets, write_demo_tokenizer
+from recap.envs.reach import write_demo_datasets, write_demo_tokenizer
 from recap.data.transforms import load_tokenizer
 from recap.engine.checkpointing import save_exported
 from recap.engine.distributed import free_port

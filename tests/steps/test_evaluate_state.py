@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from recap.data.loader import FrameDataset
-from recap.data.synthetic import write_demo_datasets
+from recap.envs.reach import write_demo_datasets
 from recap.errors import RecapError
 from recap.steps.evaluate_policy import reach_state_targets
 

@@ -20,7 +20,7 @@ from recap.core.normalize import ReturnRange
 from recap.data.lerobot import frames_of
 from recap.data.sidecars import read_advantages
 from recap.data.specs import parse_dataset_specs
-from recap.data.synthetic import write_demo_datasets, write_demo_tokenizer
+from recap.envs.reach import write_demo_datasets, write_demo_tokenizer
 from recap.errors import RecapError
 from recap.models.value import value_model
 from recap.steps.compute_advantages import compute_advantages

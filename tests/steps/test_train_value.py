@@ -12,7 +12,7 @@ import torch
 import recap.steps.train  # noqa: F401  (registers the train step and engine configurables)
 from recap.cli import parse_gin
 from recap.data.datasets import value_data
-from recap.data.synthetic import write_demo_datasets, write_demo_tokenizer
+from recap.envs.reach import write_demo_datasets, write_demo_tokenizer
 from recap.engine.inference import load_exported
 from recap.models.value import value_model
 from recap.steps.compute_returns import compute_returns
