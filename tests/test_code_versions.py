@@ -126,5 +126,5 @@ def test_the_update_writes_the_lock_and_the_check_reads_it(now, tmp_path, monkey
         assert lock_module.main([]) == 0
     finally:
         lock.cache_clear()
-    versions = ", ".join(f"{step} 1" for step in sorted(now))
+    versions = ", ".join(f"{step} {now[step]['version']}" for step in sorted(now))
     assert capsys.readouterr().out == f"wrote {tmp_path / 'code_versions.json'}: {versions}\n"
