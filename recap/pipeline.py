@@ -18,7 +18,11 @@ Other bindings configure the pipeline itself (``pipeline.*``, a macro its files 
 
 Stages, in order (``needs`` in brackets): returns; value [returns]; advantages [value];
 policy [advantages]; baseline (behaviour cloning, no advantage text) []; evaluate_policy
-[policy]; evaluate_baseline [baseline]. Each is a ``Stage`` object in ``STAGES`` that owns
+[policy]; evaluate_baseline [baseline]; and RLinf's recipe (``demo/pipeline.gin``): sft (a
+policy on the demonstrations) []; finetune [advantages, sft] and finetune_bc [sft], both
+starting from sft's weights and normalization; evaluate_finetune_bc [finetune_bc];
+evaluate_finetune [finetune], paired with evaluate_finetune_bc over the same episodes.
+Each is a ``Stage`` object in ``STAGES`` that owns
 its wiring: the bindings pointing it at what it needs, the paths it owns, its output files, and
 how its result reads (summary figures, MLflow metrics, summary-table cell, headline). Steps 2-4
 run under ``deepspeed --num_gpus {ranks}`` (or one plain process with ``pipeline.launcher =
@@ -902,7 +906,6 @@ ONE_SEED = (
     "(docs/results/recap-vs-bc.md)"
 )
 
-
 PAIRED_SEED = (
     "one training seed: the intervals cover the evaluation episodes, not training seeds; RECAP "
     "vs BC over seeds: python bench/recap_vs_bc.py --arms sft_rlinf (docs/results/recap-vs-bc.md)"
@@ -1004,7 +1007,8 @@ def summary_figure(report: dict[str, dict], path: Path) -> Path | None:
 
 
 def _value_panel(ax, report: dict[str, dict]) -> None:
-    """Value and return along four episodes of the last advantages sidecar (the rollouts)."""
+    """Value and return along four episodes of the advantages sidecar with the lowest return
+    (a dataset with failures: the rollouts)."""
     sidecars = [Path(p) for n, e in report.items() if isinstance(BY_NAME[n], AdvantagesStage)
                 for p in e.get("outputs", {})]  # fmt: skip
     if not sidecars:
@@ -1013,17 +1017,21 @@ def _value_panel(ax, report: dict[str, dict]) -> None:
     from recap.core import columns as C
 
     names = [C.EPISODE_INDEX, C.FRAME_INDEX, C.VALUE_CURRENT, C.RETURN]
-    table = pq.read_table(sidecars[-1], columns=names).to_pandas()
+    tables = {p: pq.read_table(p, columns=names).to_pandas() for p in sidecars}
+    chosen = min(tables, key=lambda p: tables[p][C.RETURN].min())
+    table = tables[chosen]
     first = table[table[C.FRAME_INDEX] == 0].sort_values(C.RETURN)
     picks = [*first[C.EPISODE_INDEX].iloc[:2], *first[C.EPISODE_INDEX].iloc[-2:]]
+    twin = ax.twinx()  # the return in its own units, the value in the model's
     for k, episode in enumerate(dict.fromkeys(picks)):
         rows = table[table[C.EPISODE_INDEX] == episode]
         ax.plot(rows[C.FRAME_INDEX], rows[C.VALUE_CURRENT], color=f"C{k}",
                 label=f"episode {episode}: value")  # fmt: skip
-        ax.plot(rows[C.FRAME_INDEX], rows[C.RETURN], color=f"C{k}", ls="--", lw=0.8,
-                label=f"episode {episode}: return")  # fmt: skip
+        twin.plot(rows[C.FRAME_INDEX], rows[C.RETURN], color=f"C{k}", ls="--", lw=0.8)
+    ax.set_ylabel("value (solid)")
+    twin.set_ylabel("return (dashed)")
     ax.set_xlabel("frame")
-    ax.set_title(f"value model along rollout episodes ({sidecars[-1].parent.parent.name})",
+    ax.set_title(f"value model along episodes of {chosen.parent.parent.name}",
                  fontsize=9)  # fmt: skip
     ax.legend(fontsize=6, ncol=2)
 
