@@ -27,8 +27,8 @@ from recap.core.normalize import ReturnRange
 from recap.data.datasets import ValueDataset
 from recap.data.sidecars import read_returns
 from recap.data.specs import parse_dataset_specs
-from recap.envs.reach import write_demo_datasets, write_demo_tokenizer
 from recap.data.transforms import load_tokenizer
+from recap.envs.reach import write_demo_datasets, write_demo_tokenizer
 from recap.models.value import ValueModel, value_model
 from recap.steps.compute_advantages import infer_values
 from recap.steps.compute_returns import compute_returns

@@ -44,6 +44,7 @@ from recap.data.sidecars import (
     read_returns,
     write_advantages,
 )
+from recap.engine.loader import make_loader
 from recap.envs.reach import (
     ACTION_NAMES,
     ROLLOUT_MIX,
@@ -51,7 +52,6 @@ from recap.envs.reach import (
     ReachConfig,
     generate_episodes,
 )
-from recap.engine.loader import make_loader
 from recap.errors import RecapError, one_line
 from recap.steps.compute_returns import compute_returns
 from recap.steps.relabel import relabel

@@ -17,8 +17,8 @@ from recap.data.conditioning import NEGATIVE_TEXT, POSITIVE_TEXT, unnormalize_qu
 from recap.data.policy_data import PolicyDataset
 from recap.data.sidecars import advantages_files, read_returns, write_atomic
 from recap.data.specs import parse_dataset_specs
-from recap.envs.reach import write_demo_datasets, write_demo_tokenizer
 from recap.data.transforms import load_tokenizer
+from recap.envs.reach import write_demo_datasets, write_demo_tokenizer
 from recap.errors import RecapError
 from recap.steps.compute_returns import compute_returns
 

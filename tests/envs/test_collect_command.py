@@ -16,9 +16,9 @@ from recap.commands.collect import main
 from recap.core.thresholds import IS_CORRECTION
 from recap.data.lerobot import LocalDataset
 from recap.data.policy_data import policy_data
-from recap.envs.reach import write_demo_datasets, write_demo_tokenizer
 from recap.engine.checkpointing import save_exported
 from recap.envs.policy import ChunkAdapter
+from recap.envs.reach import write_demo_datasets, write_demo_tokenizer
 from recap.envs.rollout import COLLECT_FILE
 from recap.models.pi05 import pi05_policy
 from recap.steps.evaluate_policy import PolicyAdapter

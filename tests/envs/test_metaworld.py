@@ -339,8 +339,8 @@ def test_sharded_evaluation_and_collection_match_the_unsharded_run(tmp_path):
 
 def test_shards_split_the_episodes_round_robin(monkeypatch):
     from recap.envs import ReachEnv
-    from recap.envs.rollout import run_episodes, shard, world
     from recap.envs.reach import reach_expert
+    from recap.envs.rollout import run_episodes, shard, world
 
     assert [shard(5, r, 2) for r in (0, 1)] == [[0, 2, 4], [1, 3]]
     assert [shard(2, r, 3) for r in (0, 1, 2)] == [[0], [1], []]

@@ -13,7 +13,6 @@ from recap.core.thresholds import IS_CORRECTION, LabelOptions
 from recap.data.lerobot import LEROBOT_KEYS, LocalDataset, detect_key_map
 from recap.data.lerobot_writer import Episode, WriterConfig, write_lerobot_dataset
 from recap.data.specs import DatasetSpec
-from recap.envs.reach import ReachConfig, ScriptedPolicy
 from recap.envs import (
     ActionDrift,
     EnvSpec,
@@ -24,6 +23,7 @@ from recap.envs import (
     reach_expert,
     run_episodes,
 )
+from recap.envs.reach import ReachConfig, ScriptedPolicy
 from recap.envs.rollout import COLLECT_FILE
 from recap.errors import RecapError
 from recap.steps.relabel import frame_columns

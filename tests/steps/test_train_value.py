@@ -12,8 +12,8 @@ import torch
 import recap.steps.train  # noqa: F401  (registers the train step and engine configurables)
 from recap.cli import parse_gin
 from recap.data.datasets import value_data
-from recap.envs.reach import write_demo_datasets, write_demo_tokenizer
 from recap.engine.inference import load_exported
+from recap.envs.reach import write_demo_datasets, write_demo_tokenizer
 from recap.models.value import value_model
 from recap.steps.compute_returns import compute_returns
 from tests.helpers import REPO, launch_env
