@@ -14,9 +14,11 @@ LEROBOT_PY := $(LEROBOT_VENV)/bin/python
 LEROBOT_STAMP := $(LEROBOT_VENV)/.recap-installed
 LEROBOT_PYTHON ?= $(or $(wildcard $(HOME)/.pyenv/versions/3.12.1/bin/python),python3.12)
 # make demo's data: the reaching task with the targets in the state (demo/state.gin), 1,000 expert
-# demonstrations and 1,000 rollouts (the benchmark's 3,000 + 3,000 cut to fit 15 minutes)
+# demonstrations and 600 rollouts (the benchmark's 3,000 + 3,000 cut to fit 15 minutes; Step 3
+# labels every frame, so rollouts cost time there, demonstrations teach the base policy)
 DEMO_DATA := demo_state
-DEMO_EPISODES := 1000
+DEMO_SFT_EPISODES := 1000
+DEMO_ROLLOUT_EPISODES := 600
 export DS_ACCELERATOR ?= cpu
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
@@ -34,7 +36,7 @@ $(STAMP): setup.py constraints-cpu.txt
 
 demo: $(STAMP)
 	$(PY) scripts/make_demo_data.py --out $(DEMO_DATA) --state-targets \
-		--sft-episodes $(DEMO_EPISODES) --rollout-episodes $(DEMO_EPISODES)
+		--sft-episodes $(DEMO_SFT_EPISODES) --rollout-episodes $(DEMO_ROLLOUT_EPISODES)
 	$(PY) scripts/pipeline.py --gin_file demo/pipeline.gin
 
 test: $(STAMP)
