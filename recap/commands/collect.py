@@ -94,14 +94,13 @@ def parser():
 
 def environment(args):
     """``recap.envs.factory.env_factory`` for the command's flags: (a constructor of the chosen
-    environment, its expert or None)."""
-    from recap.envs.factory import EXPERTS, env_factory
+    environment, its expert or None); an env without a scripted expert and ``--expert``: one
+    line, before the model loads."""
+    from recap.envs.factory import env_factory
 
-    if args.expert and args.env not in EXPERTS:
-        raise RecapError("--expert: LIBERO has no scripted expert; collect without it, or "
-                         "pass a controller to recap.envs.collect(expert=...)")  # fmt: skip
     return env_factory(args.env, max_steps=args.max_steps, state_targets=args.state_targets,
-                       suite=args.suite, task_id=args.task_id, expert=args.expert)  # fmt: skip
+                       suite=args.suite, task_id=args.task_id, expert=args.expert,
+                       field="--env")  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:

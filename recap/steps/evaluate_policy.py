@@ -1,24 +1,24 @@
 """Closed-loop evaluation of a trained Step 4 policy on any environment (the demo's reaching task
 by default).
 
-The run directory alone says how the policy is fed (``recap.loading.load_policy``: the weights
-and the ``processor.json`` its training wrote; an older run's processor is rebuilt from the
-parsed gin bindings, with one log line). The environment is named by ``evaluate_policy.env``:
-``"reach"`` (``recap.envs.reach``, its state layout read from the training data), ``"metaworld"``
-(``recap.envs.metaworld.MetaWorldEnv``), ``"libero"`` (``recap.envs.libero.LiberoEnv``) or
-``"package.module:Factory"`` (any callable returning an ``recap.envs.Env``), built with the
-keyword arguments ``evaluate_policy.env_options``. For each guidance strength beta,
-``num_episodes`` seeded episodes (episode k at ``env.reset(seed + k)``) run through the one
-closed loop (``recap.envs.rollout.evaluate``, ``batch_size`` environments in lockstep); every
-step the policy samples an action chunk with v = v_uncond + beta (v_cond - v_uncond) between the
-prompt with the positive advantage text and the plain task, unnormalizes it (openpi's inverse
-quantile map, on the first D dims) and executes its first ``replan_steps`` actions. A
-behaviour-cloning policy (``conditioning = "none"``) has one prompt, so it is evaluated at beta 1
-only. Success rates, the mean heading (the environment's ``heading`` step metric: for the reach
-task the cosine between each executed action and the way to the named target, ~0 for a policy
-that has not learned the task, whatever its success; null for an environment without one) and
-the conditioning-sensitivity probe (on the first observations of the evaluation's episodes) are
-printed and written to ``{run_dir}/closed_loop.json``.
+The run directory alone says how the policy is fed (``recap.loading.load_policy``: the weights and
+the ``processor.json`` its training wrote; an older run's processor is rebuilt from the parsed gin
+bindings, with one log line). The environment is named by ``evaluate_policy.env`` and built by
+``recap.envs.factory.env_factory`` (as ``recap-collect`` and ``recap-iterate`` build theirs):
+``"reach"`` (``recap.envs.reach``, its state layout read from the training data), ``"metaworld"``,
+``"libero"`` or ``"package.module:Factory"`` (any callable returning an ``recap.envs.Env``), with
+the keyword arguments ``evaluate_policy.env_options``. For each guidance strength beta,
+``num_episodes`` seeded episodes (episode k at ``env.reset(seed + k)``) run through the one closed
+loop (``recap.envs.rollout.evaluate``, ``batch_size`` environments in lockstep); every step the
+policy samples an action chunk with v = v_uncond + beta (v_cond - v_uncond) between the prompt with
+the positive advantage text and the plain task, unnormalizes it (openpi's inverse quantile map, on
+the first D dims) and executes its first ``replan_steps`` actions. A behaviour-cloning policy
+(``conditioning = "none"``) has one prompt, so it is evaluated at beta 1 only. Success rates, the
+mean heading (the environment's ``heading`` step metric: for the reach task the cosine between each
+executed action and the way to the named target, ~0 for a policy that has not learned the task,
+whatever its success; null for an environment without one) and the conditioning-sensitivity probe
+(on the first observations of the evaluation's episodes) are printed and written to
+``{run_dir}/closed_loop.json``.
 
     python scripts/evaluate_policy.py --gin_file demo/policy.gin
     python scripts/evaluate_policy.py --gin_file demo/policy_bc.gin \
@@ -27,7 +27,6 @@ printed and written to ``{run_dir}/closed_loop.json``.
 
 from __future__ import annotations
 
-import importlib
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -41,7 +40,8 @@ import recap.steps.train  # noqa: F401  (registers train, policy_data and pi05_p
 from recap import logs
 from recap.data.sidecars import write_atomic
 from recap.envs.base import Env, stack_observations
-from recap.envs.reach import STATE_NAMES, TARGET_STATE_NAMES, ReachConfig, ReachEnv
+from recap.envs.factory import env_factory
+from recap.envs.reach import STATE_NAMES, TARGET_STATE_NAMES, ReachEnv
 from recap.envs.rollout import evaluate
 from recap.errors import RecapError
 from recap.loading import PolicyAdapter, load_policy, load_run  # noqa: F401  (re-exported)
@@ -60,9 +60,6 @@ log = logs.get(__name__)
 # stages and the ones after them rerun); tests check it against recap/workflow/code_versions.json.
 STEP_VERSION = "2"  # 2: any Env; episode k at reset(seed + k) (reach layouts changed)
 RESULTS_FILE = "closed_loop.json"
-
-
-ENVS = ("reach", "metaworld", "libero")  # by name; else "package.module:Factory"
 
 
 @gin.configurable
@@ -95,8 +92,11 @@ def evaluate_policy(
     model, processor, run = load_run(run_dir)
     if processor.conditioning in PLAIN:
         betas = [1.0]  # one prompt: guidance has nothing to contrast
-    make_env = env_factory(env, env_options, max_steps, lambda: reach_state_targets(
-        processor, state_targets))  # fmt: skip
+    options = dict(env_options or {})
+    if env == "reach" and "state_targets" not in options:  # the layout the policy was trained on
+        options["state_targets"] = reach_state_targets(processor, state_targets)
+    make_env, _ = env_factory(env, max_steps=max_steps if env == "reach" else None,
+                              options=options, field="evaluate_policy.env")  # fmt: skip
     results, outcomes, headings = {}, {}, {}
     for beta in betas:
         start = time.perf_counter()
@@ -124,47 +124,6 @@ def evaluate_policy(
         log.info(f"{run.name}: conditioning sensitivity {record['sensitivity']}")
     write_atomic({run / RESULTS_FILE: lambda p: p.write_text(json.dumps(record, indent=2) + "\n")})
     return results
-
-
-def env_factory(
-    name: str,
-    options: Mapping[str, Any] | None = None,
-    max_steps: int = 40,
-    state_targets: Callable[[], bool] = lambda: False,
-) -> Callable[[], Env]:
-    """A zero-argument constructor of environment ``name`` (``evaluate_policy.env``; module
-    docstring) with keyword arguments ``options``; for ``"reach"``, options are ``ReachConfig``
-    fields over ``max_steps`` and ``state_targets()`` (called only for reach, and only when the
-    options do not set it). An unknown name or a factory that does not import: one line."""
-    options = dict(options or {})
-    if name == "reach":
-        fields = {"max_steps": max_steps, **options}
-        if "state_targets" not in fields:
-            fields["state_targets"] = state_targets()
-        try:
-            config = ReachConfig(**fields)
-        except TypeError as error:
-            raise RecapError(f"evaluate_policy.env_options: {error}; use ReachConfig "
-                             "fields") from None  # fmt: skip
-        return lambda: ReachEnv(config)
-    if name == "metaworld":
-        from recap.envs.metaworld import MetaWorldEnv
-
-        return lambda: MetaWorldEnv(**options)
-    if name == "libero":
-        from recap.envs.libero import LiberoEnv
-
-        return lambda: LiberoEnv(**options)
-    module, _, attr = name.partition(":")
-    if not module or not attr:
-        raise RecapError(f"evaluate_policy.env: {name!r} is not one of {list(ENVS)} nor "
-                         "'package.module:Factory'; name one of them")  # fmt: skip
-    try:
-        factory = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as error:
-        raise RecapError(f"evaluate_policy.env: {name!r} does not import ({error}); name an "
-                         "importable 'package.module:Factory'") from None  # fmt: skip
-    return lambda: factory(**options)
 
 
 def reach_state_targets(data, state_targets: bool | None = None) -> bool:

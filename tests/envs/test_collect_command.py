@@ -74,7 +74,7 @@ def test_libero_has_no_scripted_expert(run, capsys):
     argv = [*run["argv"], "--out", str(run["root"] / "x"), "--env", "libero", "--expert"]
     assert main(argv) == 2
     assert capsys.readouterr().err.strip() == (
-        "error: --expert: LIBERO has no scripted expert; collect without it, or pass a "
+        "error: --env: 'libero' has no scripted expert; collect without it, or pass a "
         "controller to recap.envs.collect(expert=...)"
     )
     assert not (run["root"] / "x").exists()

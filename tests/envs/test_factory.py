@@ -1,4 +1,5 @@
-"""recap.envs.factory: environments by name for recap-collect and recap-iterate."""
+"""recap.envs.factory: environments by name for recap-collect, recap-iterate and the evaluate
+step."""
 
 from __future__ import annotations
 
@@ -20,9 +21,12 @@ def test_reach_with_its_settings_and_expert():
 @pytest.mark.parametrize(
     ("name", "expert", "line"),
     [
-        ("libero", True, "env 'libero' has no scripted expert; collect without it, or pass a "
+        ("libero", True, "env: 'libero' has no scripted expert; collect without it, or pass a "
          "controller to recap.envs.collect(expert=...)"),
-        ("maze", False, "env 'maze' is not one of ('reach', 'libero'); pick one of them"),
+        ("maze", False, "env: 'maze' is not one of ['reach', 'metaworld', 'libero'] nor "
+         "'package.module:Factory'; name one of them"),
+        ("maze:", False, "env: 'maze:' is not one of ['reach', 'metaworld', 'libero'] nor "
+         "'package.module:Factory'; name one of them"),
     ],
 )  # fmt: skip
 def test_an_unknown_env_or_a_missing_expert_is_one_line(name, expert, line):

@@ -14,13 +14,14 @@ import pytest
 
 from recap.commands.evaluate_policy import main
 from recap.envs.base import EnvSpec
+from recap.envs.factory import env_factory
 from recap.errors import RecapError
-from recap.steps.evaluate_policy import env_factory
 from tests.serve.test_record import write_reach_policy
 
 FIELDS = {"env", "conditioning", "num_episodes", "seed", "guidance", "success", "heading",
           "outcomes", "sensitivity"}  # fmt: skip
 LINE = "tests.steps.test_evaluate_env:LineEnv"
+FIELD = "evaluate_policy.env"  # the setting the step names in its errors
 
 
 class LineEnv:
@@ -98,21 +99,40 @@ def test_a_non_reach_env_writes_the_reach_evaluations_fields(run_dir):
 
 
 def test_an_unknown_env_is_one_line():
+    """The step builds its env with ``recap.envs.factory`` (as recap-collect and recap-iterate
+    do), naming its own setting in the errors."""
     with pytest.raises(RecapError) as caught:
-        env_factory("mujoco")
+        env_factory("mujoco", field=FIELD)
     assert str(caught.value) == ("evaluate_policy.env: 'mujoco' is not one of ['reach', "
                                  "'metaworld', 'libero'] nor 'package.module:Factory'; name one "
                                  "of them")  # fmt: skip
     with pytest.raises(RecapError) as caught:
-        env_factory("tests.steps.test_evaluate_env:NoSuchEnv")
+        env_factory("tests.steps.test_evaluate_env:NoSuchEnv", field=FIELD)
     assert str(caught.value) == (
         "evaluate_policy.env: 'tests.steps.test_evaluate_env:NoSuchEnv' does not import (module "
         "'tests.steps.test_evaluate_env' has no attribute 'NoSuchEnv'); name an importable "
         "'package.module:Factory'")  # fmt: skip
     with pytest.raises(RecapError) as caught:
-        env_factory("reach", {"colour": "red"})
+        env_factory("reach", options={"colour": "red"}, field=FIELD)
     assert str(caught.value) == ("evaluate_policy.env_options: ReachConfig.__init__() got an "
                                  "unexpected keyword argument 'colour'; use ReachConfig "
                                  "fields")  # fmt: skip
-    make = env_factory(LINE, {"max_steps": 4})
-    assert make().spec.max_steps == 4 and make() is not make()
+    make, expert = env_factory(LINE, options={"max_steps": 4}, field=FIELD)
+    assert make().spec.max_steps == 4 and make() is not make() and expert is None
+
+
+def test_the_step_names_its_own_setting_in_the_factorys_line(run_dir, capsys):
+    """Run as the stage runs it, an unknown env fails with the line naming evaluate_policy.env,
+    and no closed_loop.json is written."""
+    (run_dir / "closed_loop.json").unlink(missing_ok=True)
+    gin.clear_config()
+    params = [f'evaluate_policy.run_dir = "{run_dir}"', f'train.run_dir = "{run_dir}"',
+              'evaluate_policy.env = "mujoco"']  # fmt: skip
+    try:
+        assert main([arg for p in params for arg in ("--gin_param", p)]) == 2
+    finally:
+        gin.clear_config()
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "error: evaluate_policy.env: 'mujoco' is not one of ['reach', 'metaworld', 'libero'] nor "
+        "'package.module:Factory'; name one of them")  # fmt: skip
+    assert not (run_dir / "closed_loop.json").exists()
