@@ -200,7 +200,7 @@ pipeline.steps = {{
 {steps},
 }}
 pipeline.ranks = {args.ranks}
-pipeline.evaluate = False   # closed-loop evaluation exists for the synthetic demo task only
+pipeline.evaluate = False   # True: closed loop in evaluate_policy.env (reach task by default)
 
 # ---- required: the models (bind here or with --gin_param 'all:NAME = "..."') ----
 {chr(10).join(models)}
