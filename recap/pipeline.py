@@ -304,8 +304,9 @@ class FinetuneStage(PolicyStage):
 
 @dataclass(frozen=True)
 class EvaluateStage(Stage):
-    """Closed-loop evaluation of the trained stage it needs (``needs[0]``), on the synthetic
-    demo task: its step's files and inputs, its run directory; success rate per beta."""
+    """Closed-loop evaluation of the trained stage it needs (``needs[0]``) in the environment
+    ``evaluate_policy.env`` names (the reach task by default; ``recap.envs.factory``): its step's
+    files and inputs, its run directory; success rate per beta."""
 
     module: ClassVar[str] = _EVALUATE
     entry: ClassVar[str] = "evaluate_policy"
