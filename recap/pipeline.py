@@ -431,7 +431,8 @@ def pipeline_config(
         bindings: extra bindings per step, or for ``"evaluate"`` (both evaluations) or ``"all"``.
         ranks: processes per distributed step (``deepspeed --num_gpus ranks``).
         launcher: ``"deepspeed"`` or ``"python"`` (one process; ranks must be 1).
-        evaluate: run the closed-loop evaluations on the synthetic demo task.
+        evaluate: run the closed-loop evaluations (in ``evaluate_policy.env``; the reach task by
+            default).
         stages: run only these stages (default: every stage whose step has gin files).
         hostfile: DeepSpeed hostfile (``node1 slots=8`` per line) for the distributed steps
             (``deepspeed --hostfile``); ``ranks`` is then the processes per node.

@@ -40,8 +40,8 @@ DEMO_FINGERPRINTS = {
     "advantages": "aeead72894a36c2a9743d6ed003835c1c57694db5a01c87f56601c02ffe8fe3c",
     "policy": "b847e0dd2f25fda02fee3c33a027e523a6cc4a66ab4d86f25c3c10f8c8bad9f6",
     "baseline": "2167f5f99ba90a7ab704e84f5cb02c38517902d2400343deba46ff2daaa0686f",
-    "evaluate_policy": "6cfcfa75f3adb535487ab9de7d41b3c553db29c4964f6da8d5c9c64326a95383",
-    "evaluate_baseline": "e65d7696eeaea7ba93b51d00ad995045e4ab1d3217c5073e7b0ab1d3c25e4a89",
+    "evaluate_policy": "49b79d9ea9b32270e810b09d8698bc8867e8ec16b83e0de1bec0f33db4954387",
+    "evaluate_baseline": "ddd7ee0302c4d17b41b64ff1c7066c3b7e42d849c069eb65d4eb7c1300001303",
 }
 VALUE = "runs/pipeline/value/a3bc8db5b94a"
 ADVANTAGES = "runs/pipeline/advantages/aeead72894a3"
