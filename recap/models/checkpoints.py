@@ -1,38 +1,15 @@
-"""π0.5 weights from and to local directories, in the openpi PyTorch and LeRobot layouts, strictly.
+"""The π0.5 checkpoint API in one import: π0.5 weights from and to local directories (openpi's
+PyTorch layout, LeRobot's) and the normalization statistics that travel with them.
 
-openpi (``PI0Pytorch(pi05=True)``, written with safetensors ``save_model``): one
-``model.safetensors`` whose keys are exactly ``Pi05Policy``'s state-dict keys
-(``paligemma_with_expert.paligemma.model.{vision_tower.vision_model, multi_modal_projector.linear,
-language_model}.…``, ``paligemma_with_expert.gemma_expert.model.{layers.i, norm}.…`` with
-``input_layernorm.dense`` / ``post_attention_layernorm.dense`` adaptive norms, ``action_in_proj``,
-``action_out_proj``, ``time_mlp_in``, ``time_mlp_out``), plus two vocabulary heads that flow
-matching never reads:
+Each piece has one home, re-exported here so callers import the API from one place:
 
-- ``paligemma_with_expert.paligemma.lm_head.weight`` is tied to
-  ``…language_model.embed_tokens.weight``; ``save_model`` keeps one name per tied tensor (this
-  one), so the embedding key is usually absent and is read from ``lm_head`` then.
-- ``paligemma_with_expert.gemma_expert.lm_head.weight`` [vocab, expert width], the expert's unused
-  LM head, is dropped.
-
-LeRobot (``PI05Policy``) stores the same keys under ``model.``. Anything else missing or
-unexpected is a one-line ``RecapError`` naming the first keys and the count. Saving mirrors the
-files: the embedding under ``lm_head`` and a zero expert head, so openpi's strict
-``safetensors.torch.load_model`` and LeRobot's strict load accept them; ``recap_pi05.json`` keeps
-the exact ``Pi05Config`` and ``config.json`` the fields openpi/LeRobot read. openpi's training
-checkpoints (``<step>/model.safetensors``, no config file) load with the caller's sizes.
-
-Normalization statistics travel with the weights: openpi keeps them in
-``assets/<asset_id>/norm_stats.json`` inside the checkpoint directory (``{"norm_stats":
-{"state": {"mean", "std", "q01", "q99"}, "actions": {...}}}``), LeRobot in
-``policy_preprocessor_step_<i>_normalizer_processor.safetensors`` (flat keys
-``observation.state.q01``, ``action.q99``, ...). ``find_norm_stats`` / ``read_norm_stats`` read
-either; ``write_norm_stats`` writes openpi's file (recap's exported policies carry it); they live
-in ``recap.processing.norm_stats`` (with the processor, below data and models), re-exported here.
-
-The files themselves (names, layouts, the strict check, the writer) are ``recap.models.pi05_files``;
-``read_config`` / ``load_pi05`` / ``count_parameters`` build a ``Pi05Policy`` and live in
-``recap.models.pi05`` (its ``pi05_policy`` loads through them). This module gathers all of it, so
-callers import the checkpoint API from one place.
+- the files (names, key layouts, the strict state-dict check, the writer, the named variants):
+  ``recap.models.pi05_files`` (its docstring describes both layouts);
+- ``read_config`` / ``load_pi05`` / ``count_parameters``, which build a ``Pi05Policy``:
+  ``recap.models.pi05``; sizes a ``config.json`` cannot name come from the weights
+  (``recap.models.pi05_sizes``);
+- the statistics (openpi's ``assets/<asset_id>/norm_stats.json``, LeRobot's normalizer
+  safetensors): ``recap.processing.norm_stats``.
 """
 
 from __future__ import annotations
