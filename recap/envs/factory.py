@@ -6,8 +6,9 @@ returning a ``recap.envs.Env``):
 
 - ``"reach"``: the demo's reaching task (``recap.envs.reach``, configured as the demo data was
   written: ``max_steps``, ``state_targets``; ``options`` are further ``ReachConfig`` fields);
-- ``"metaworld"``: one Meta-World v3 task (``recap.envs.metaworld.MetaWorldEnv``, needs the
-  ``metaworld`` extra);
+- ``"metaworld"``: one Meta-World v3 task (``recap.envs.metaworld.MetaWorldEnv``: ``options``
+  such as ``env_name``, ``cameras``, ``image_size``; needs the ``metaworld`` extra); its expert is
+  Meta-World's scripted policy for that task (``MetaWorldExpert``, no action noise);
 - ``"libero"``: one LIBERO task (``recap.envs.libero.LiberoEnv``: ``suite``, ``task_id``; needs
   ``hf-libero`` with its assets);
 - ``"package.module:Factory"``: called with ``options`` as its keyword arguments.
@@ -20,6 +21,7 @@ asked for (LIBERO's and Meta-World's on first use).
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -27,7 +29,32 @@ from recap.envs.base import Env
 from recap.errors import RecapError
 
 ENVS = ("reach", "metaworld", "libero")  # by name; else "package.module:Factory"
-EXPERTS = ("reach",)  # the environments with a scripted expert
+EXPERTS = ("reach", "metaworld")  # the environments with a scripted expert
+# The action entries a takeover compares (``recap.envs.rollout.ActionDrift.dims``): the move.
+DRIFT_DIMS = {"reach": 2, "metaworld": 3}  # dx, dy / dx, dy, dz (not the gripper)
+
+
+def drift_dims(name: str) -> int | None:
+    """How many leading action entries the expert's takeover compares for env ``name`` (None:
+    all the agent and expert actions share)."""
+    return DRIFT_DIMS.get(name)
+
+
+def check_options(constructor: Callable, options: Mapping[str, Any], field: str) -> None:
+    """One line naming the first of ``options`` that ``constructor`` takes no keyword for (none
+    when it takes ``**kwargs``)."""
+    try:
+        params = inspect.signature(constructor).parameters
+    except (TypeError, ValueError):  # no signature to check against: the call will tell
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    names = [n for n, p in params.items() if p.kind is not inspect.Parameter.VAR_POSITIONAL]
+    for key in options:
+        if key not in names:
+            what = getattr(constructor, "__name__", str(constructor))
+            raise RecapError(f"{field}_options: {key!r} is not an option of {what}; use one of "
+                             f"{names}")  # fmt: skip
 
 
 def env_factory(
@@ -69,13 +96,18 @@ def env_factory(
             raise RecapError(f"{field}_options: {error}; use ReachConfig fields") from None
         return (lambda: ReachEnv(config)), (reach_expert(config) if expert else None)
     if name == "metaworld":
-        from recap.envs.metaworld import MetaWorldEnv
+        from recap.envs.metaworld import MetaWorldEnv, MetaWorldExpert
 
+        check_options(MetaWorldEnv, options, field)
         kwargs = {**limit, **options}
-        return (lambda: MetaWorldEnv(**kwargs)), None
+        task = kwargs.get(
+            "env_name", inspect.signature(MetaWorldEnv).parameters["env_name"].default
+        )
+        return (lambda: MetaWorldEnv(**kwargs)), (MetaWorldExpert(task) if expert else None)
     if name == "libero":
         from recap.envs.libero import LiberoEnv
 
+        check_options(LiberoEnv, options, field)
         kwargs = {"suite": suite, "task_id": task_id, **limit, **options}
         return (lambda: LiberoEnv(**kwargs)), None
     try:
@@ -83,4 +115,5 @@ def env_factory(
     except (ImportError, AttributeError) as error:
         raise RecapError(f"{field}: {name!r} does not import ({error}); name an importable "
                          "'package.module:Factory'") from None  # fmt: skip
+    check_options(factory, options, field)
     return (lambda: factory(**options)), None
