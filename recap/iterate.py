@@ -540,7 +540,7 @@ def collect_rollouts(it: Iteration, settings: IterateConfig) -> dict:
     """Iteration k's episodes with policy k-1, written to ``it.out`` (module docstring)."""
     from recap.cli import parse_gin
     from recap.config_check import check_required
-    from recap.envs.factory import env_factory
+    from recap.envs.factory import drift_dims, env_factory
 
     register(*REGISTERED)
     gin.clear_config()
@@ -563,7 +563,7 @@ def collect_rollouts(it: Iteration, settings: IterateConfig) -> dict:
                   "guidance": settings.guidance, "conditioning": data.conditioning,
                   "env": settings.env, "drift": settings.drift}  # fmt: skip
         summary = collect(policy, make_env, settings.episodes, it.seed, it.out, expert=expert,
-                          drift=ActionDrift(settings.drift, dims=2),
+                          drift=ActionDrift(settings.drift, dims=drift_dims(settings.env)),
                           takeover_steps=settings.takeover_steps,
                           replan_steps=settings.replan_steps, num_envs=settings.num_envs,
                           naming=settings.naming, image_dtype=settings.image_dtype,
