@@ -45,12 +45,16 @@ CAMERAS = ["observation.images.base", "observation.images.wrist"]
 H, STEPS, STATE_DIM, ACTION_DIM, S = 4, 3, 8, 7, 28
 
 
-@pytest.fixture
-def tiny_sizes(monkeypatch):
-    """LeRobot's variant names and SigLIP tower re-pointed to the tiny sizes (this process)."""
+SIGLIP_SIZE_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                    "patch_size")  # fmt: skip
+
+
+def repoint_sizes(monkeypatch, vision: dict, text: dict, expert: dict) -> None:
+    """LeRobot's variant names (gemma_2b -> ``text``, gemma_300m -> ``expert``) and SigLIP tower
+    (``vision``) re-pointed to other sizes in this process; LeRobot's files are not edited."""
 
     def gemma_config(variant):
-        d = {"gemma_2b": TEXT, "gemma_300m": EXPERT}[variant]
+        d = {"gemma_2b": text, "gemma_300m": expert}[variant]
         return modeling_pi05.GemmaConfig(
             width=d["hidden_size"], depth=d["num_hidden_layers"], mlp_dim=d["intermediate_size"],
             num_heads=d["num_attention_heads"], num_kv_heads=d["num_key_value_heads"],
@@ -59,18 +63,24 @@ def tiny_sizes(monkeypatch):
 
     paligemma = modeling_pi05.PaliGemmaForConditionalGenerationWithPiGemma
 
-    class TinyPaliGemma(paligemma):
+    class SizedPaliGemma(paligemma):
         def __init__(self, config):
-            for name in ("hidden_size", "intermediate_size", "num_hidden_layers",
-                         "num_attention_heads", "patch_size"):  # fmt: skip
-                setattr(config.vision_config, name, VISION[name])
-            config.vision_config.projection_dim = TEXT["hidden_size"]
+            for name in SIGLIP_SIZE_KEYS:
+                setattr(config.vision_config, name, vision[name])
+            config.vision_config.projection_dim = text["hidden_size"]
             super().__init__(config)
 
     monkeypatch.setattr(modeling_pi05, "get_gemma_config", gemma_config)
     monkeypatch.setattr(
-        modeling_pi05, "PaliGemmaForConditionalGenerationWithPiGemma", TinyPaliGemma
+        modeling_pi05, "PaliGemmaForConditionalGenerationWithPiGemma", SizedPaliGemma
     )
+
+
+@pytest.fixture
+def tiny_sizes(monkeypatch):
+    """LeRobot's variant names and SigLIP tower re-pointed to the tiny sizes (this process), and
+    recap's variant table too (recap reads these sizes by the variant names)."""
+    repoint_sizes(monkeypatch, VISION, TEXT, EXPERT)
     monkeypatch.setattr(pi05_files, "VARIANTS", {"gemma_2b": TEXT, "gemma_300m": EXPERT})
 
 

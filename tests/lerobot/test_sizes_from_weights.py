@@ -12,7 +12,6 @@ convention (1 KV head, 16 SigLIP heads), which is what recap assumes where no te
 import pytest
 import torch
 from lerobot.configs.types import FeatureType, PolicyFeature
-from lerobot.policies.pi05 import modeling_pi05
 from lerobot.policies.pi05.configuration_pi05 import PI05Config
 from lerobot.policies.pi05.modeling_pi05 import PI05Policy
 
@@ -27,6 +26,7 @@ from tests.lerobot.test_policy_both_ways import (
     observation,
     randomize,
     recap_actions,
+    repoint_sizes,
     same_weights,
 )
 
@@ -41,29 +41,9 @@ EXPERT = {"hidden_size": 24, "intermediate_size": 40, "num_hidden_layers": 3,
 
 @pytest.fixture
 def other_sizes(monkeypatch):
-    """LeRobot's variant names and SigLIP tower re-pointed to this file's sizes (this process)."""
-
-    def gemma_config(variant):
-        d = {"gemma_2b": TEXT, "gemma_300m": EXPERT}[variant]
-        return modeling_pi05.GemmaConfig(
-            width=d["hidden_size"], depth=d["num_hidden_layers"], mlp_dim=d["intermediate_size"],
-            num_heads=d["num_attention_heads"], num_kv_heads=d["num_key_value_heads"],
-            head_dim=d["head_dim"],
-        )  # fmt: skip
-
-    paligemma = modeling_pi05.PaliGemmaForConditionalGenerationWithPiGemma
-
-    class OtherPaliGemma(paligemma):
-        def __init__(self, config):
-            for name, value in VISION.items():
-                setattr(config.vision_config, name, value)
-            config.vision_config.projection_dim = TEXT["hidden_size"]
-            super().__init__(config)
-
-    monkeypatch.setattr(modeling_pi05, "get_gemma_config", gemma_config)
-    monkeypatch.setattr(
-        modeling_pi05, "PaliGemmaForConditionalGenerationWithPiGemma", OtherPaliGemma
-    )
+    """LeRobot's variant names and SigLIP tower re-pointed to this file's sizes (this process);
+    recap's variant table is left alone: it must read these sizes from the weights."""
+    repoint_sizes(monkeypatch, VISION, TEXT, EXPERT)
 
 
 def test_a_lerobot_saved_pi05_of_other_sizes_loads_from_its_own_files(other_sizes, tmp_path):
