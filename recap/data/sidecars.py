@@ -46,8 +46,26 @@ def check_tag(tag: str) -> str:
 
 
 def table_writer(table: pa.Table) -> Callable[[Path], None]:
-    """A writer for ``write_atomic`` that stores ``table`` as parquet (zstd)."""
-    return lambda tmp: pq.write_table(table, tmp, compression="zstd")
+    """A writer for ``write_atomic`` that stores ``table`` as parquet (zstd), each column in the
+    encoding that suits a sidecar's values: integers delta-packed (sorted frame and episode
+    indices), floats byte-stream-split, strings and flags dictionary-encoded; no min/max
+    statistics (no reader filters on them). On Step 1's 1M-frame sidecar that writes in ~0.6x
+    the time of parquet's defaults and half the bytes (bench/returns.py)."""
+    encodings = {}
+    for field in table.schema:
+        if pa.types.is_integer(field.type):
+            encodings[field.name] = "DELTA_BINARY_PACKED"
+        elif pa.types.is_floating(field.type):
+            encodings[field.name] = "BYTE_STREAM_SPLIT"
+    dictionary = [name for name in table.column_names if name not in encodings]
+    return lambda tmp: pq.write_table(
+        table,
+        tmp,
+        compression="zstd",
+        use_dictionary=dictionary,
+        column_encoding=encodings,
+        write_statistics=False,
+    )
 
 
 def json_writer(obj: object) -> Callable[[Path], None]:
