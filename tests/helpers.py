@@ -62,6 +62,20 @@ def world_info(hosts: dict[str, list[int]]) -> str:
     return base64.urlsafe_b64encode(json.dumps(hosts).encode()).decode()
 
 
+def deepspeed_local(ranks: int, port: int) -> list[str]:
+    """The command ``deepspeed --num_gpus RANKS --master_port PORT`` runs on one node: DeepSpeed's
+    per-node launcher (``deepspeed.launcher.launch``) with the runner's world info, master on
+    loopback. Append ``SCRIPT ARGS`` or ``--module MODULE ARGS``. The same launcher and ranks as
+    the ``deepspeed`` command, without the runner process in front, which imports DeepSpeed only
+    to start it (~3 s a launch on 2 CPU cores); the runner itself is exercised by the pipeline's
+    tests (tests/test_rehearsal.py)."""
+    import sys
+
+    info = world_info({"localhost": list(range(ranks))})
+    return [sys.executable, "-u", "-m", "deepspeed.launcher.launch", f"--world_info={info}",
+            "--master_addr=127.0.0.1", f"--master_port={port}"]  # fmt: skip
+
+
 def launch_two_nodes(args: list[str], cwd: Path, logs: Path, timeout: int = 600) -> list[str]:
     """``deepspeed ARGS`` (``--module MODULE ...`` or ``SCRIPT ...``) as two simulated nodes of
     one rank each: the per-node launcher DeepSpeed's runner starts on every host

@@ -1,5 +1,7 @@
-"""The one-command pipeline: Steps 1-4 on tiny demo data under 2 real DeepSpeed ranks (CPU),
-skipping finished steps, rerunning only what a changed binding touches, inputs untouched."""
+"""The one-command pipeline: Steps 1-4 on tiny demo data, one process per step (the pipeline's
+``python`` launcher: what is tested here is planning, skipping finished steps, rerunning only what
+a changed binding touches, tracking, inputs untouched; the pipeline under ``deepspeed`` on 2 ranks
+is tests/test_rehearsal.py's, the printed launch commands are planned below)."""
 
 from __future__ import annotations
 
@@ -42,8 +44,13 @@ def tiny_params(root: Path) -> list[str]:
     ]
 
 
+# one plain process per step: a DeepSpeed launch costs ~7 s of launcher imports before its ranks
+# start, and nothing asserted here depends on the number of ranks
+ONE_PROCESS = ['pipeline.launcher = "python"', "pipeline.ranks = 1"]
+
+
 def pipeline(root: Path, *extra: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    params = [a for p in [*tiny_params(root), *extra] for a in ("--gin_param", p)]
+    params = [a for p in [*tiny_params(root), *ONE_PROCESS, *extra] for a in ("--gin_param", p)]
     cmd = [sys.executable, PIPELINE, "--gin_file", "demo/scratch.gin", *params]
     done = subprocess.run(
         cmd, cwd=root, env=launch_env(root), capture_output=True, text=True, timeout=timeout
@@ -60,7 +67,7 @@ def statuses(out: str) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    """Tiny demo data, its hashes, then one full pipeline run (2 ranks)."""
+    """Tiny demo data, its hashes, then one full pipeline run (one process per step)."""
     from recap.envs.reach import write_demo_datasets, write_demo_tokenizer
 
     root = tmp_path_factory.mktemp("pipeline")

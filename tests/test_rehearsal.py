@@ -31,7 +31,6 @@ import pyarrow.parquet as pq
 import pytest
 
 from recap.cli import parse_gin
-from recap.standins import write_standins
 from tests.helpers import REPO, launch_env, launch_two_nodes, tree_hashes
 
 PIPELINE = "experiments/libero_pipeline.gin"
@@ -99,12 +98,12 @@ def test_tiny_gin_binds_only_sizes_step_counts_and_batch_sizes():
 
 
 @pytest.fixture(scope="module")
-def rehearsal(tmp_path_factory):
+def rehearsal(tmp_path_factory, fresh_standins):
     """The LIBERO pipeline on stand-ins, 2 ranks; (stand-ins, run root, stdout, wall seconds)."""
     import time
 
     tmp = tmp_path_factory.mktemp("rehearsal")
-    standins = write_standins(tmp / "standins")
+    standins = fresh_standins(tmp / "standins")
     before = {p: tree_hashes(p) for p in (standins.sft, standins.train, standins.eval)}
     runs = tmp / "runs"
     start = time.perf_counter()
@@ -113,10 +112,15 @@ def rehearsal(tmp_path_factory):
     return standins, runs, done.stdout, before
 
 
-def rehearse(pipeline: str, standins, runs: Path, cwd: Path) -> subprocess.CompletedProcess:
-    """``pipeline`` + ``rehearsal/tiny.gin`` on the stand-ins, 2 CPU ranks, outputs under
-    ``runs``; the run must succeed (its output tails are the failure message)."""
-    params = [f'all:include "{TINY}"', "pipeline.ranks = 2", f'pipeline.run_root = "{runs}"',
+def rehearse(
+    pipeline: str, standins, runs: Path, cwd: Path, ranks: int = 2
+) -> subprocess.CompletedProcess:
+    """``pipeline`` + ``rehearsal/tiny.gin`` on the stand-ins, outputs under ``runs``: on
+    ``ranks`` DeepSpeed CPU ranks, or with ``ranks=1`` one plain process per step (the pipeline's
+    ``python`` launcher); the run must succeed (its output tails are the failure message)."""
+    launch = [f"pipeline.ranks = {ranks}"]
+    launch += ['pipeline.launcher = "python"'] if ranks == 1 else []
+    params = [f'all:include "{TINY}"', *launch, f'pipeline.run_root = "{runs}"',
               *standins.bindings()]  # fmt: skip
     argv = [sys.executable, "-m", "recap.commands.pipeline", "--gin_file", pipeline]
     argv += [a for p in params for a in ("--gin_param", p)]

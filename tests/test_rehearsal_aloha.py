@@ -2,7 +2,8 @@
 writes (4 cameras of which 3 are chosen by binding, 14-dim state and action, 50 fps, two tasks,
 video), its experiment file written by ``recap-init``, and Steps 1-4 at tiny sizes
 (``rehearsal/tiny.gin``) on 2 DeepSpeed CPU ranks on ``recap.standins``' models, with gin
-bindings only; the chosen keys are in the runs' logged config."""
+bindings only; the chosen keys are in the runs' logged config. The BC baseline is left out
+(``pipeline.stages``): it reads the same keys through the same data path as the policy."""
 
 from __future__ import annotations
 
@@ -13,15 +14,14 @@ import pyarrow.parquet as pq
 import pytest
 
 from recap.commands.init import main as init
-from recap.standins import write_standins
 from tests.aloha import write_aloha
 from tests.helpers import launch_env, tree_hashes
 
 
 @pytest.fixture(scope="module")
-def aloha_run(tmp_path_factory):
+def aloha_run(tmp_path_factory, fresh_standins):
     tmp = tmp_path_factory.mktemp("aloha_run")
-    standins = write_standins(tmp / "standins")
+    standins = fresh_standins(tmp / "standins")
     data = tmp / "data"
     write_aloha(data / "aloha", episodes=6, frames=12)
     write_aloha(data / "aloha_eval", episodes=2, frames=12)
@@ -40,7 +40,8 @@ def aloha_run(tmp_path_factory):
     assert init([str(data / "aloha"), str(data / "aloha_eval"), "--eval", "aloha_eval",
                  "--out", str(experiment), "--ranks", "2", *models]) == 0  # fmt: skip
     runs = tmp / "runs"
-    params = ['all:include "rehearsal/tiny.gin"', f'pipeline.run_root = "{runs}"']
+    params = ['all:include "rehearsal/tiny.gin"', f'pipeline.run_root = "{runs}"',
+              'pipeline.stages = ["returns", "value", "advantages", "policy"]']  # fmt: skip
     argv = [sys.executable, "-m", "recap.commands.pipeline", "--gin_file", str(experiment)]
     argv += [a for p in params for a in ("--gin_param", p)]
     done = subprocess.run(argv, cwd=tmp, env=launch_env(tmp), capture_output=True, text=True,
@@ -51,9 +52,10 @@ def aloha_run(tmp_path_factory):
 
 def test_steps_1_to_4_run_from_gin_bindings_only(aloha_run):
     tmp, data, runs, stdout, _ = aloha_run
-    for stage in ("value", "policy", "baseline"):
+    for stage in ("value", "policy"):
         (run,) = (runs / stage).iterdir()
         assert (run / "model.safetensors").is_file(), stage
+    assert "] baseline (" not in stdout and not (runs / "baseline").exists()
     assert (data / "aloha" / "meta" / "returns.parquet").is_file()
     # Step 3 labelled every frame of the training set, with 1 s = 50 frames of look-ahead
     (sidecar,) = (data / "aloha" / "meta").glob("advantages_adv_*.parquet")
@@ -64,7 +66,7 @@ def test_steps_1_to_4_run_from_gin_bindings_only(aloha_run):
             "images.cam_left_wrist, right_wrist=observation.images.cam_right_wrist (bound); "
             "unused cameras: observation.images.cam_low") in stdout  # fmt: skip
     logged = [t for t in (p.read_text() for p in tmp.rglob("config.gin")) if t]
-    assert len(logged) == 4  # value, advantages, policy, baseline (Step 1 logs no config)
+    assert len(logged) == 3  # value, advantages, policy (Step 1 logs no config)
     assert all("'observation.images.cam_right_wrist'" in t for t in logged)
     # the policy's statistics are this data's, filed under the experiment's asset id
     (stats,) = (runs / "policy").glob("*/assets/aloha/norm_stats.json")

@@ -1,7 +1,9 @@
 """RLinf's published LIBERO-10 task 0 experiment (``experiments/rlinf_libero10_task0_*.gin``) as
 it ships, rehearsed on the stand-ins: its pipeline (returns, the Gemma1-style value model
-trained on the SFT demos and evaluated on the rollouts, Step 3, the positive-only CFG policy) on
-2 DeepSpeed CPU ranks with ``rehearsal/tiny.gin``; then the trained value model goes to RLinf's
+trained on the SFT demos and evaluated on the rollouts, Step 3, the positive-only CFG policy) with
+``rehearsal/tiny.gin``, one process per step (the shipped pipeline on 2 DeepSpeed ranks is
+tests/test_rehearsal.py's; Step 3 on 2 ranks against 1, byte for byte, is
+tests/steps/test_compute_advantages.py's); then the trained value model goes to RLinf's
 ``full_weights.pt`` (``recap-import export-rlinf-value``), comes back (``recap-import
 rlinf-value``) and a full Step 3 runs on the imported model (1 rank): the same advantages.
 """
@@ -21,7 +23,6 @@ import yaml
 from recap.cli import parse_gin
 from recap.commands.import_rlinf import main as import_main
 from recap.config_check import bound
-from recap.standins import write_standins
 from recap.steps.compute_advantages import compute_advantages
 from tests.helpers import one_rank_here
 from tests.test_rehearsal import TINY, metrics, rehearse, run_dir
@@ -80,16 +81,16 @@ def test_rlinf_experiment_binds_what_rlinf_ships():
 
 
 @pytest.fixture(scope="module")
-def rlinf_rehearsal(tmp_path_factory):
-    """The RLinf pipeline on fresh stand-ins (2 ranks), then Step 3 (1 rank) on its value model
-    exported to RLinf's format and imported back."""
+def rlinf_rehearsal(tmp_path_factory, fresh_standins):
+    """The RLinf pipeline on fresh stand-ins (one process per step), then Step 3 (1 rank) on
+    its value model exported to RLinf's format and imported back."""
     import time
 
     tmp = tmp_path_factory.mktemp("rlinf_rehearsal")
-    standins = write_standins(tmp / "standins")
+    standins = fresh_standins(tmp / "standins")
     runs = tmp / "runs"
     start = time.perf_counter()
-    done = rehearse(PIPELINE, standins, runs, tmp)
+    done = rehearse(PIPELINE, standins, runs, tmp, ranks=1)
     # the trained value model -> RLinf's full_weights.pt -> recap, then Step 3 on it (1 rank, in
     # this process: no launcher, no second interpreter)
     rlinf = tmp / "rlinf" / "full_weights.pt"
@@ -148,7 +149,7 @@ def test_rlinf_pipeline_runs_every_stage(rlinf_rehearsal):
 
 def test_rlinf_value_checkpoint_is_gemma1_and_step3_on_the_import_matches(rlinf_rehearsal):
     """The trained value model exports to RLinf's key layout (Gemma1 expert: no q/k norms);
-    imported back, a full Step 3 on 1 rank gives the 2-rank pipeline's advantages."""
+    imported back, a full Step 3 on it gives the pipeline's advantages to the bit."""
     standins, runs, _, rlinf, imported, out = rlinf_rehearsal
     state = torch.load(rlinf, weights_only=True)
     expert = "value_expert.experts.value.model.layers.0."

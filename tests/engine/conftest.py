@@ -18,10 +18,9 @@ from pathlib import Path
 import pytest
 
 from recap.engine.distributed import free_port
-from tests.helpers import REPO, launch_env
+from tests.helpers import REPO, deepspeed_local, launch_env
 
 PY = sys.executable
-DEEPSPEED = str(Path(sys.executable).with_name("deepspeed"))
 STEPS = 8
 COMMON = [
     f"train.max_steps = {STEPS}",
@@ -55,11 +54,7 @@ def read_metrics(path: Path) -> dict[tuple[int, str], dict]:
 def train_cmd(run_dir: Path, port: int) -> list[str]:
     params = [*COMMON, f'train.run_dir = "{run_dir}"']
     return [
-        DEEPSPEED,
-        "--num_gpus",
-        "2",
-        "--master_port",
-        str(port),
+        *deepspeed_local(2, port),
         str(REPO / "scripts/train.py"),
         "--gin_file",
         str(REPO / "gin/demo/toy.gin"),

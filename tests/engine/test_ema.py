@@ -19,7 +19,8 @@ from recap.engine.ema import WeightEMA
 from recap.engine.inference import load_exported
 from recap.errors import RecapError
 from recap.models.toy import ToyRegressionData, toy_model
-from tests.engine.conftest import DEEPSPEED, PY, REPO, read_metrics, run
+from tests.engine.conftest import PY, REPO, read_metrics, run
+from tests.helpers import deepspeed_local
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -85,7 +86,7 @@ def test_ema_decay_is_checked():
 
 def train_cmd(run_dir, port: int) -> list[str]:
     params = [*PARAMS, f'train.run_dir = "{run_dir}"']
-    return [DEEPSPEED, "--num_gpus", "2", "--master_port", str(port),
+    return [*deepspeed_local(2, port),
             str(REPO / "scripts/train.py"), "--gin_file", str(REPO / "gin/demo/toy.gin"),
             *[arg for p in params for arg in ("--gin_param", p)]]  # fmt: skip
 

@@ -24,7 +24,8 @@ from safetensors.torch import load_file
 from recap.engine.distributed import free_port
 from recap.models import adapters
 from recap.models.adapters import LoraOptions
-from tests.engine.conftest import DEEPSPEED, PY, REPO, run
+from tests.engine.conftest import PY, REPO, run
+from tests.helpers import deepspeed_local
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -66,7 +67,7 @@ def lora_runs(tmp_path_factory) -> dict:
     base = tmp / "base"
     save_pi05(tiny_model(), base)
     two, one = tmp / "two", tmp / "one"
-    run([DEEPSPEED, "--num_gpus", "2", "--master_port", str(free_port()), SCRIPT,
+    run([*deepspeed_local(2, free_port()), SCRIPT,
          *params(two, base, 3, OFFLOAD)], tmp, timeout=900)  # fmt: skip
     cmd = [PY, SCRIPT, *params(one, base, 2)]
     run(cmd, tmp, timeout=900)

@@ -88,17 +88,15 @@ def test_two_ranks_collect_the_unsharded_dataset(run, alone, tmp_path):
     """``deepspeed --num_gpus 2 --module recap.commands.collect``: each rank its shard of the
     episodes, rank 0 writes the one dataset, the unsharded command's (videos aside: images)."""
     import subprocess
-    import sys
     from pathlib import Path
 
     from recap.engine.distributed import free_port
     from tests.envs.test_metaworld import assert_same_dataset
-    from tests.helpers import launch_env
+    from tests.helpers import deepspeed_local, launch_env
 
     out = tmp_path / "sharded"
-    deepspeed = str(Path(sys.executable).with_name("deepspeed"))
-    cmd = [deepspeed, "--num_gpus", "2", "--master_port", str(free_port()), "--module",
-           "recap.commands.collect", *collect_argv(run, out)]  # fmt: skip
+    cmd = [*deepspeed_local(2, free_port()), "--module", "recap.commands.collect",
+           *collect_argv(run, out)]  # fmt: skip
     done = subprocess.run(cmd, cwd=Path(__file__).parents[2], env=launch_env(tmp_path),
                           capture_output=True, text=True, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

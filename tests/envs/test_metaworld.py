@@ -301,18 +301,14 @@ def test_sharded_evaluation_and_collection_match_the_unsharded_run(tmp_path):
     """Two real ranks (``deepspeed --num_gpus 2`` on the CPU) each run their share of the
     episodes; the merged outcomes and the collected dataset are the unsharded run's."""
     import subprocess
-    import sys
-    from pathlib import Path
 
     from recap.engine.distributed import free_port
     from recap.envs import ActionDrift, collect, evaluate
-    from tests.helpers import launch_env
+    from tests.helpers import deepspeed_local, launch_env
 
     script = tmp_path / "sharded.py"
     script.write_text(SHARDED)
-    deepspeed = str(Path(sys.executable).with_name("deepspeed"))
-    cmd = [deepspeed, "--num_gpus", "2", "--master_port", str(free_port()), str(script),
-           str(tmp_path)]  # fmt: skip
+    cmd = [*deepspeed_local(2, free_port()), str(script), str(tmp_path)]
     done = subprocess.run(cmd, cwd=tmp_path, env=launch_env(tmp_path), capture_output=True,
                           text=True, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

@@ -35,7 +35,7 @@ from recap.models.value import value_model
 from recap.steps.compute_advantages import compute_advantages
 from recap.steps.compute_returns import compute_returns
 from recap.steps.relabel import relabel
-from tests.helpers import REPO, launch_env, one_rank_here, tree_hashes
+from tests.helpers import REPO, deepspeed_local, launch_env, one_rank_here, tree_hashes
 
 ENTRIES = [
     {"name": "sft", "root": "sft", "type": "sft"},
@@ -111,11 +111,7 @@ def test_two_ranks_write_the_same_bytes_as_one_rank(demo):
         f'compute_advantages.output_dir = "{root}/p2"',
     ]
     cmd = [
-        str(Path(sys.executable).with_name("deepspeed")),
-        "--num_gpus",
-        "2",
-        "--master_port",
-        str(port),
+        *deepspeed_local(2, port),
         str(REPO / "scripts" / "compute_advantages.py"),
         "--gin_file",
         "demo/advantages.gin",

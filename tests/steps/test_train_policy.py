@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
-from pathlib import Path
 
 import gin
 import numpy as np
@@ -24,10 +22,9 @@ from recap.envs.reach import write_demo_datasets, write_demo_tokenizer
 from recap.models.pi05 import frames_to_images, pi05_policy
 from recap.steps.evaluate_policy import PolicyAdapter, evaluate_policy
 from tests.data.test_policy_data import write_test_advantages
-from tests.helpers import REPO, launch_env
+from tests.helpers import REPO, deepspeed_local, launch_env
 
 STEPS = 24
-DEEPSPEED = str(Path(sys.executable).with_name("deepspeed"))
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +45,7 @@ def run(tmp_path_factory):
         "train.num_workers = 0",
     ]
     env = launch_env(root)
-    cmd = [DEEPSPEED, "--num_gpus", "2", "--master_port", str(free_port()),
+    cmd = [*deepspeed_local(2, free_port()),
            str(REPO / "scripts" / "train.py"), "--gin_file", "demo/policy.gin"]  # fmt: skip
     for p in params:
         cmd += ["--gin_param", p]
