@@ -70,6 +70,7 @@ from recap import logs, registry
 from recap.cli import parse_gin
 from recap.config_check import bound, check_required, macros_read
 from recap.errors import RecapError
+from recap.io import write_atomic
 from recap.workflow.fingerprints import stage_fingerprint
 
 log = logs.get(__name__)
@@ -968,6 +969,9 @@ def track(config: PipelineConfig, scoped: dict[str, list[str]], report: dict[str
         tracker.log_png(png)
     tracker.finish()
     write_json(run_dir / "summary.json", {"name": config.name, "stages": report})
+    # the summary as printed, for the pages that quote it (scripts/docs_figures.py)
+    text = summary_table(config, report, tracker.uri) + "\n"
+    write_atomic({run_dir / "summary.txt": lambda tmp: tmp.write_text(text)})
     return tracker.uri
 
 

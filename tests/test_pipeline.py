@@ -93,6 +93,10 @@ def test_four_steps_run_and_print_the_summary(tiny):
     assert "one training seed on one machine, an anecdote" in out  # the claim is the bench's
     assert "mlflow ui --backend-store-uri sqlite:///" in out
     runs = tiny["root"] / "runs"
+    # the summary as printed, beside summary.json, for the pages that quote it
+    (summary,) = (runs / "pipelines").glob("scratch-*/summary.txt")
+    assert summary.read_text().startswith("pipeline 'scratch': value eval Spearman ")
+    assert summary.read_text() in out
     (value_dir,) = (runs / "value").iterdir()
     assert (value_dir / "model.safetensors").is_file()
     (policy_dir,) = (runs / "policy").iterdir()
