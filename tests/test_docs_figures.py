@@ -70,7 +70,8 @@ def test_bad_input_is_one_line_and_nothing_is_written(tmp_path, capsys, readme, 
 
 def test_the_repository_quotes_one_demo_summary_everywhere():
     """The README and the demo's results page carry the same block (the script wrote both)."""
-    pattern = re.compile(r"<!-- figures:demo-summary -->\n(.*?)<!-- /figures:demo-summary -->", re.S)
+    start, end = "<!-- figures:demo-summary -->\n", "<!-- /figures:demo-summary -->"
+    pattern = re.compile(re.escape(start) + "(.*?)" + re.escape(end), re.S)
     quoted = {p.name: pattern.findall(p.read_text()) for p in figures.pages(REPO)}
     blocks = {b for found in quoted.values() for b in found}
     assert len(blocks) == 1 and {n for n, found in quoted.items() if found} >= {
