@@ -11,8 +11,8 @@ round's Step 1 time over its floor (the cores are shared: load that drifts betwe
 cancels, as in bench/engine.py).
 Targets (issue #42): Step 1 within 1.15x of the read floor in v2.1 (the real rollout set's
 layout, LIBERO as converted for RLinf/openpi) and within 1.5x in v3.0, where the floor is 4
-compressed integer columns from a few files (~0.13 s) and writing the 1M-row sidecar alone
-costs ~0.05 s (Step 1 writes it in the background while it checks the layout and sums up).
+compressed integer columns from a few files (~0.15 s) and writing the 1M-row sidecar alone
+costs ~0.03 s (Step 1 writes it in the background while it checks the layout and sums up).
 """
 
 from __future__ import annotations
