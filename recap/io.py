@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import tempfile
 from collections.abc import Callable, Iterator
@@ -41,3 +42,9 @@ def write_atomic(files: dict[Path, Callable[[Path], None]]) -> None:
     finally:
         for tmp, _ in staged:
             tmp.unlink(missing_ok=True)
+
+
+def write_json(path: Path, obj: object) -> None:
+    """``obj`` as indented, key-sorted JSON at ``path`` (parents created), replaced atomically."""
+    text = json.dumps(obj, indent=2, sort_keys=True) + "\n"
+    write_atomic({Path(path): lambda tmp: tmp.write_text(text)})

@@ -62,19 +62,19 @@ import gin
 
 from recap import logs
 from recap.errors import RecapError
+from recap.io import write_json
 from recap.pipeline import (
-    PipelineConfig,
     finished,
     load_pipeline,
     plan,
     run_pipeline,
     split_params,
     stamp,
-    summary_metrics,
     unchanged,
-    write_json,
 )
 from recap.registry import register
+from recap.workflow.config import PipelineConfig
+from recap.workflow.report import summary_metrics
 
 log = logs.get(__name__)
 MARKERS = ".iterate"

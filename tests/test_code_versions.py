@@ -10,19 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from recap.pipeline import (
-    BY_NAME,
-    STAGES,
-    _parse_step,
-    config_text,
-    load_pipeline,
-)
+from recap.pipeline import _parse_step, config_text, load_pipeline
 from recap.registry import register_all
 from recap.workflow import code_versions
 from recap.workflow import lock as lock_module
 from recap.workflow.code_versions import lock, reads, step_module
 from recap.workflow.fingerprints import EXCLUDED, bound_keys, short
 from recap.workflow.lock import _normalized, compute, problems
+from recap.workflow.stages import BY_NAME, STAGES
 
 GIN = Path(__file__).resolve().parents[1] / "recap" / "gin"
 UPDATE = "run `python -m recap.workflow.lock --update`"

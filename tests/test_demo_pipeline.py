@@ -8,13 +8,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from recap.pipeline import (
+from recap.pipeline import load_pipeline, plan, split_params
+from recap.workflow.report import (
     PAIRED_SEED,
-    load_pipeline,
     paired,
     paired_line,
-    plan,
-    split_params,
     summary_figure,
     summary_metrics,
     summary_table,

@@ -20,7 +20,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from recap.pipeline import BY_NAME
+from recap.workflow.stages import BY_NAME
 from tests.helpers import REPO, copy_fixture, launch_env
 
 GIN_SUFFIXES = (".gin", ".yaml", ".yml")

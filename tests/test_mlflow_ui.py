@@ -18,7 +18,8 @@ import pytest
 from mlflow import MlflowClient
 
 from recap.engine.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, Tracker, ui_address
-from recap.pipeline import load_pipeline, plan, split_params, summary_metrics, track
+from recap.pipeline import load_pipeline, plan, split_params
+from recap.workflow.report import summary_metrics, track
 from tests.chromium import CHROMIUM_MISSING, browser, chromium_path
 
 REPO = Path(__file__).resolve().parents[1]

@@ -13,20 +13,15 @@ import pyarrow.parquet as pq
 import pytest
 
 from recap.pipeline import (
-    BY_NAME,
-    SCOPES,
-    STAGES,
-    STEP_KEYS,
     SWEEP_KEYS,
-    Planned,
     config_text,
     load_pipeline,
     main,
     plan,
     split_params,
-    summary_metrics,
-    summary_table,
 )
+from recap.workflow.report import summary_metrics, summary_table
+from recap.workflow.stages import BY_NAME, SCOPES, STAGES, STEP_KEYS, Planned
 
 # The from-scratch demo pipeline as shipped (gin/demo/scratch.gin, no command-line binding; it was
 # gin/demo/pipeline.gin, with the same bindings, until RLinf's recipe became `make demo`), computed

@@ -98,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--update", action="store_true", help=f"rewrite {LOCK.name}")
     args = parser.parse_args(argv)
     from recap.io import write_atomic
-    from recap.pipeline import STAGES
+    from recap.workflow.stages import STAGES
 
     register_all()
     now = compute(STAGES)

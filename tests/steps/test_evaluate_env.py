@@ -75,7 +75,7 @@ def evaluate(run_dir, *bindings: str) -> dict:
 
 
 def test_a_non_reach_env_writes_the_reach_evaluations_fields(run_dir):
-    from recap.pipeline import PairedEvaluateStage
+    from recap.workflow.stages import PairedEvaluateStage
 
     reach = evaluate(run_dir, "evaluate_policy.max_steps = 3",
                      "evaluate_policy.state_targets = False")  # fmt: skip
