@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from recap.cli import parse_gin
-from tests.helpers import REPO, launch_env, launch_two_nodes, tree_hashes
+from tests.helpers import REPO, deepspeed_local, launch_env, launch_two_nodes, tree_hashes
 
 PIPELINE = "experiments/libero_pipeline.gin"
 TINY = "rehearsal/tiny.gin"
@@ -394,7 +394,6 @@ def lora(rehearsal, tmp_path_factory):
 
     _, runs, out, _ = rehearsal
     tmp = tmp_path_factory.mktemp("rehearsal_lora")
-    launcher = str(Path(sys.executable).with_name("deepspeed"))
     dirs, procs = {}, {}
     start = time.perf_counter()
     for stage, (full, lora_file) in LORA_FILES.items():
@@ -403,7 +402,7 @@ def lora(rehearsal, tmp_path_factory):
         assert args.count(full) == 1
         args = [lora_file if a == full else a for a in args]
         args += ["--gin_param", f'train.run_dir = "{dirs[stage]}"']  # the last binding wins
-        argv = [launcher, "--num_gpus", "2", "--master_port", str(free_port()), *args]
+        argv = [*deepspeed_local(2, free_port()), *args]
         log = (tmp / f"{stage}.log").open("w")
         procs[stage] = subprocess.Popen(argv, cwd=tmp, env=launch_env(tmp), stdout=log,
                                         stderr=subprocess.STDOUT, text=True)  # fmt: skip
