@@ -13,7 +13,8 @@ README.md and every page under docs/ that carries the marker, with FILE's text a
 code block. Blocks in use:
 
 - ``demo-summary``: ``make demo``'s summary, as the pipeline writes it beside ``summary.json``
-  (``runs/pipeline/pipelines/demo-*/summary.txt``; the README and docs/results/demo.md).
+  (``runs/pipeline/pipelines/demo-*/summary.txt``, right after the run that trained: a rerun
+  rewrites it with every stage skipped; the README and docs/results/demo.md).
 - ``demo-wall``: one line, how long the fresh clone's ``time make demo`` took and where.
 - ``bench-NAME``: a benchmark's ``RESULT:`` line (``python bench/NAME.py | grep RESULT``).
 
