@@ -44,7 +44,11 @@ def write_atomic(files: dict[Path, Callable[[Path], None]]) -> None:
             tmp.unlink(missing_ok=True)
 
 
+def json_writer(obj: object) -> Callable[[Path], None]:
+    """A writer for ``write_atomic`` that stores ``obj`` as indented, key-sorted JSON."""
+    return lambda tmp: tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
 def write_json(path: Path, obj: object) -> None:
     """``obj`` as indented, key-sorted JSON at ``path`` (parents created), replaced atomically."""
-    text = json.dumps(obj, indent=2, sort_keys=True) + "\n"
-    write_atomic({Path(path): lambda tmp: tmp.write_text(text)})
+    write_atomic({Path(path): json_writer(obj)})

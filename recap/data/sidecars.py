@@ -24,7 +24,10 @@ import yaml
 from recap.core import columns as C
 from recap.core.columns import ColumnValueError, as_flags, as_index
 from recap.errors import DatasetError, located
-from recap.io import write_atomic  # noqa: F401  (re-exported: many writers import it here)
+from recap.io import (
+    json_writer,
+    write_atomic,  # noqa: F401  (re-exported: many writers import it here)
+)
 
 RETURNS = "returns"
 ADVANTAGES = "advantages"
@@ -66,11 +69,6 @@ def table_writer(table: pa.Table) -> Callable[[Path], None]:
         column_encoding=encodings,
         write_statistics=False,
     )
-
-
-def json_writer(obj: object) -> Callable[[Path], None]:
-    """A writer for ``write_atomic`` that stores ``obj`` as indented JSON."""
-    return lambda tmp: tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
 # ---- what a sidecar was computed from --------------------------------------------------------

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import ast
 import hashlib
-import json
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -97,14 +96,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--update", action="store_true", help=f"rewrite {LOCK.name}")
     args = parser.parse_args(argv)
-    from recap.io import write_atomic
+    from recap.io import write_json
     from recap.workflow.stages import STAGES
 
     register_all()
     now = compute(STAGES)
     if args.update:
-        text = json.dumps(now, indent=2, sort_keys=True) + "\n"
-        write_atomic({code_versions.LOCK: lambda tmp: tmp.write_text(text)})
+        write_json(code_versions.LOCK, now)
         lock.cache_clear()
         print(
             f"wrote {code_versions.LOCK}: "
