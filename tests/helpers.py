@@ -62,18 +62,24 @@ def world_info(hosts: dict[str, list[int]]) -> str:
     return base64.urlsafe_b64encode(json.dumps(hosts).encode()).decode()
 
 
-def deepspeed_local(ranks: int, port: int) -> list[str]:
-    """The command ``deepspeed --num_gpus RANKS --master_port PORT`` runs on one node: DeepSpeed's
-    per-node launcher (``deepspeed.launcher.launch``) with the runner's world info, master on
-    loopback. Append ``SCRIPT ARGS`` or ``--module MODULE ARGS``. The same launcher and ranks as
-    the ``deepspeed`` command, without the runner process in front, which imports DeepSpeed only
-    to start it (~3 s a launch on 2 CPU cores); the runner itself is exercised by the pipeline's
-    tests (tests/test_rehearsal.py)."""
+def node_launcher(hosts: dict[str, list[int]], port: int, node_rank: int = 0) -> list[str]:
+    """DeepSpeed's per-node launcher (``deepspeed.launcher.launch``) as its runner starts it on
+    host number ``node_rank`` of ``hosts``, master on loopback; append ``SCRIPT ARGS`` or
+    ``--module MODULE ARGS``."""
     import sys
 
-    info = world_info({"localhost": list(range(ranks))})
-    return [sys.executable, "-u", "-m", "deepspeed.launcher.launch", f"--world_info={info}",
+    return [sys.executable, "-u", "-m", "deepspeed.launcher.launch",
+            f"--world_info={world_info(hosts)}", f"--node_rank={node_rank}",
             "--master_addr=127.0.0.1", f"--master_port={port}"]  # fmt: skip
+
+
+def deepspeed_local(ranks: int, port: int) -> list[str]:
+    """The command ``deepspeed --num_gpus RANKS --master_port PORT`` runs on one node: DeepSpeed's
+    per-node launcher with the runner's world info (``node_launcher``). The same launcher and
+    ranks as the ``deepspeed`` command, without the runner process in front, which imports
+    DeepSpeed only to start it (~3 s a launch on 2 CPU cores); the runner itself is exercised by
+    the pipeline's tests (tests/test_rehearsal.py)."""
+    return node_launcher({"localhost": list(range(ranks))}, port)
 
 
 def launch_two_nodes(args: list[str], cwd: Path, logs: Path, timeout: int = 600) -> list[str]:
@@ -83,18 +89,15 @@ def launch_two_nodes(args: list[str], cwd: Path, logs: Path, timeout: int = 600)
     the second node's process is global rank 1 with local rank 0. Asserts both exit 0; returns
     the two nodes' logs (also in ``{logs}.node0.log`` / ``.node1.log``)."""
     import subprocess
-    import sys
 
     from recap.engine.distributed import free_port
 
-    info, port = world_info({"node0": [0], "node1": [0]}), free_port()
+    hosts, port = {"node0": [0], "node1": [0]}, free_port()
     paths = [logs.with_name(f"{logs.name}.node{node}.log") for node in (0, 1)]
     procs = []
     try:
         for node, path in enumerate(paths):
-            cmd = [sys.executable, "-m", "deepspeed.launcher.launch", f"--world_info={info}",
-                   f"--node_rank={node}", "--master_addr=127.0.0.1", f"--master_port={port}",
-                   *args]  # fmt: skip
+            cmd = [*node_launcher(hosts, port, node_rank=node), *args]
             with open(path, "w") as log:  # the child keeps its own descriptor
                 procs.append(subprocess.Popen(cmd, cwd=cwd, env=launch_env(cwd), stdout=log,
                                               stderr=subprocess.STDOUT))  # fmt: skip

@@ -126,15 +126,15 @@ def parser():
     return p
 
 
-def environment(args):
-    """``recap.envs.factory.env_factory`` for the command's flags: (a constructor of the chosen
-    environment, its expert or None); an env without a scripted expert and ``--expert``: one
-    line, before the model loads."""
+def environment(args, options: dict):
+    """``recap.envs.factory.env_factory`` for the command's flags and ``options`` (the parsed
+    ``--env_options``): (a constructor of the chosen environment, its expert or None); an env
+    without a scripted expert and ``--expert``: one line, before the model loads."""
     from recap.envs.factory import env_factory
 
     return env_factory(args.env, max_steps=args.max_steps, state_targets=args.state_targets,
                        suite=args.suite, task_id=args.task_id, expert=args.expert,
-                       options=env_options(args.env_options), field="--env")  # fmt: skip
+                       options=options, field="--env")  # fmt: skip
 
 
 def env_options(text: str) -> dict:
@@ -169,7 +169,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         for step in ("pi05_policy", "policy_data"):
             check_required(step)
-        make_env, expert = environment(args)
+        options = env_options(args.env_options)
+        make_env, expert = environment(args, options)
         sharded = distributed.env_world_size() > 1  # under the launcher: each rank its shard
         if sharded:
             distributed.init()
@@ -178,7 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                               args.guidance)  # fmt: skip
         record = {"run_dir": str(run), "beta": args.beta, "guidance": args.guidance,
                   "conditioning": data.conditioning, "env": args.env,
-                  "env_options": env_options(args.env_options)}  # fmt: skip
+                  "env_options": options}  # fmt: skip
         drift = ActionDrift(args.drift, dims=drift_dims(args.env))
         summary = collect(policy, make_env, args.episodes, args.seed, args.out, expert=expert,
                           drift=drift, takeover_steps=args.takeover_steps,
