@@ -61,6 +61,7 @@ from pathlib import Path
 import gin
 
 from recap import logs
+from recap.envs.factory import ENVS, EXPERTS
 from recap.errors import RecapError
 from recap.io import write_json
 from recap.pipeline import (
@@ -93,7 +94,6 @@ RETURNS_TAG_OF = {
 }
 POLICY_INITS = ("retrain", "finetune")
 VALUE_INITS = ("retrain",)
-ENVS = ("reach", "libero")
 _OWN = re.compile(r"^\s*iterate\.")
 _KINDS = {"int": int, "float": float, "bool": bool, "str": str}
 
@@ -111,9 +111,12 @@ class IterateConfig:
         beta, guidance, num_steps, noise_seed: the collecting policy's sampling (as
             ``recap-collect``; a behaviour-cloning policy has one prompt, beta does not matter).
         replan_steps, num_envs: actions executed per chunk; environments run in lockstep.
-        env: ``"reach"`` (the demo task: ``max_steps``, ``state_targets`` as the demo data was
-            written) or ``"libero"`` (``suite``, ``task_id``; needs ``hf-libero``).
-        expert, drift, takeover_steps: scripted-expert corrections (reach only): the expert
+        env, env_options: any environment ``recap.envs.factory.env_factory`` builds:
+            ``"reach"`` (the demo task: ``max_steps``, ``state_targets`` as the demo data was
+            written), ``"metaworld"`` (``env_options`` such as ``{"env_name": "push-v3",
+            "image_size": 32}``), ``"libero"`` (``suite``, ``task_id``; needs ``hf-libero``) or
+            ``"package.module:Factory"``; ``env_options``: its constructor's keyword arguments.
+        expert, drift, takeover_steps: scripted-expert corrections (reach, metaworld): the expert
             takes over for ``takeover_steps`` steps when the action's L2 distance (dx, dy) from
             its own exceeds ``drift``; those frames are ``is_correction``.
         naming, image_dtype: the collected datasets' column naming and image storage.
@@ -141,6 +144,7 @@ class IterateConfig:
     replan_steps: int = 1
     num_envs: int = 50
     env: str = "reach"
+    env_options: dict | None = None
     max_steps: int | None = None
     state_targets: bool = False
     suite: str = "libero_10"
@@ -176,11 +180,14 @@ class IterateConfig:
             raise RecapError(f"iterate.episodes: {self.episodes}; collect at least one episode")
         if self.replan_steps < 1 or self.num_envs < 1 or self.takeover_steps < 1:
             raise RecapError("iterate.replan_steps / num_envs / takeover_steps: use >= 1")
-        if self.env not in ENVS:
-            raise RecapError(f"iterate.env: {self.env!r}; use one of {list(ENVS)}")
-        if self.expert and self.env != "reach":
+        module, _, attr = self.env.partition(":")
+        if self.env not in ENVS and not (module and attr):
+            raise RecapError(f"iterate.env: {self.env!r}; use one of {list(ENVS)} or "
+                             "'package.module:Factory'")  # fmt: skip
+        if self.expert and self.env not in EXPERTS:
             raise RecapError(f"iterate.expert: env {self.env!r} has no scripted expert; set "
                              "iterate.expert = False")  # fmt: skip
+        object.__setattr__(self, "env_options", dict(self.env_options or {}))
         if self.guidance not in ("positive", "negative", "no_guide"):
             raise RecapError(f"iterate.guidance: {self.guidance!r}; use positive, negative or "
                              "no_guide")  # fmt: skip
@@ -197,6 +204,8 @@ class IterateConfig:
         # num_envs stays in: the sampling noise is drawn per batch of environments
         skip = {"iterations", "start_run", "start_step", "policy_init", "value_init", "root",
                 "experiment", "recorded"}  # fmt: skip
+        if not self.env_options:  # unset: the fingerprints of collections made before it
+            skip.add("env_options")
         return {k: v for k, v in dataclasses.asdict(self).items() if k not in skip}
 
 
@@ -557,7 +566,8 @@ def collect_rollouts(it: Iteration, settings: IterateConfig) -> dict:
         make_env, expert = env_factory(settings.env, max_steps=settings.max_steps,
                                        state_targets=settings.state_targets,
                                        suite=settings.suite, task_id=settings.task_id,
-                                       expert=settings.expert)  # fmt: skip
+                                       expert=settings.expert, options=settings.env_options,
+                                       field="iterate.env")  # fmt: skip
         record = {"iteration": it.k, "fingerprint": it.collect_fingerprint, "run_dir": str(run),
                   "policy_fingerprint": it.source.fingerprint, "beta": settings.beta,
                   "guidance": settings.guidance, "conditioning": data.conditioning,

@@ -263,7 +263,8 @@ def test_the_dry_run_after_the_loop_skips_everything(loop):
     "param, line",
     [
         ("iterate.iterations = 0", "iterate.iterations: 0; run at least one iteration"),
-        ('iterate.env = "mujoco"', "iterate.env: 'mujoco'; use one of ['reach', 'libero']"),
+        ('iterate.env = "mujoco"', "iterate.env: 'mujoco'; use one of ['reach', 'metaworld', "
+         "'libero'] or 'package.module:Factory'"),
         ('iterate.policy_init = "warm"',
          "iterate.policy_init: 'warm'; use one of ['retrain', 'finetune']"),
         ('iterate.env = "libero"', "iterate.expert: env 'libero' has no scripted expert; set "

@@ -386,5 +386,25 @@ def write_metaworld_datasets(
     return out
 
 
+# The words of recap's prompts besides the task text: the value model's "Task: ...", openpi's
+# state text (one word per bin) and the advantage label.
+PROMPT_WORDS = ("Task:", ".", ",", "State:", ";", "Action:", "Advantage:", "positive", "negative")
+
+
+def write_metaworld_tokenizer(directory: str | Path, force: bool = False) -> Path:
+    """A word-level tokenizer (``recap.processing.transforms.write_word_tokenizer``) covering the
+    task text of every Meta-World v3 task, :data:`PROMPT_WORDS` and openpi's 256 state bins, at
+    ``directory`` (kept if present unless ``force``): one tokenizer for any task, so the gin files
+    of ``gin/metaworld/`` fix one vocabulary size (384 covers it)."""
+    from recap.processing.transforms import write_word_tokenizer
+
+    path = Path(directory)
+    if (path / "tokenizer.json").is_file() and not force:
+        return path
+    texts = [task_text(name) for name in sorted(load_metaworld().environments)]
+    texts += [" ".join(PROMPT_WORDS), " ".join(str(b) for b in range(256))]
+    return write_word_tokenizer(path, texts)
+
+
 def _write_job(path: Path, env_name: str, overwrite: bool, job: dict[str, Any]) -> dict[str, Any]:
     return write_metaworld_dataset(path, env_name, overwrite=overwrite, **job)

@@ -34,11 +34,13 @@ from pathlib import Path
 from typing import Any
 
 import gin
+import numpy as np
 import torch
 
 import recap.steps.train  # noqa: F401  (registers train, policy_data and pi05_policy with gin)
 from recap import logs
 from recap.data.sidecars import write_atomic
+from recap.engine import distributed
 from recap.envs.base import Env, stack_observations
 from recap.envs.factory import env_factory
 from recap.envs.reach import STATE_NAMES, TARGET_STATE_NAMES, ReachEnv
@@ -97,6 +99,36 @@ def evaluate_policy(
         options["state_targets"] = reach_state_targets(processor, state_targets)
     make_env, _ = env_factory(env, max_steps=max_steps if env == "reach" else None,
                               options=options, field="evaluate_policy.env")  # fmt: skip
+    sharded = distributed.env_world_size() > 1  # under a launcher: each rank its share
+    if sharded:
+        distributed.init()
+    try:
+        return _evaluate(
+            model,
+            processor,
+            run,
+            betas,
+            num_episodes,
+            seed,
+            batch_size,
+            num_steps,
+            noise_seed,
+            guidance,
+            env,
+            make_env,
+            replan_steps,
+            sharded,
+        )
+    finally:
+        if sharded:
+            distributed.shutdown()
+
+
+def _evaluate(model, processor, run, betas, num_episodes, seed, batch_size, num_steps, noise_seed,
+              guidance, env, make_env, replan_steps, sharded) -> dict[str, float]:  # fmt: skip
+    """:func:`evaluate_policy`'s episodes and record; ``sharded``: episode k on rank
+    k % world size (``recap.envs.rollout.shard``), the merged outcomes on every rank, the record
+    written by rank 0 (the same file as one process writes for the same seeds)."""
     results, outcomes, headings = {}, {}, {}
     for beta in betas:
         start = time.perf_counter()
@@ -106,7 +138,7 @@ def evaluate_policy(
 
         with torch.no_grad():
             out = evaluate(policy_at, make_env, num_episodes, seed, [float(beta)], replan_steps,
-                           batch_size)  # fmt: skip
+                           batch_size, sharded)  # fmt: skip
         key = f"beta_{float(beta):g}"
         results[key], outcomes[key] = out["success"][key], out["outcomes"][key]
         heading = out["metrics"].get("heading", {}).get(key)
@@ -122,7 +154,9 @@ def evaluate_policy(
         record["sensitivity"] = conditioning_sensitivity(
             model, processor, seed, num_steps, noise_seed, env=make_env)  # fmt: skip
         log.info(f"{run.name}: conditioning sensitivity {record['sensitivity']}")
-    write_atomic({run / RESULTS_FILE: lambda p: p.write_text(json.dumps(record, indent=2) + "\n")})
+    if distributed.rank() == 0:
+        text = json.dumps(record, indent=2) + "\n"
+        write_atomic({run / RESULTS_FILE: lambda p: p.write_text(text)})
     return results
 
 
@@ -179,7 +213,11 @@ def conditioning_sensitivity(
     the positive prompt with two different noises (``noise_reference``). A policy that ignores
     its label shows ~0 for the first two."""
     probe = (env or ReachEnv)()
-    obs = stack_observations([probe.reset(seed + k) for k in range(frames)])
+    firsts = []
+    for k in range(frames):  # each one's images read before the next reset (a lazy env's render)
+        first = probe.reset(seed + k)
+        firsts.append({**first, "images": {c: np.asarray(v) for c, v in first["images"].items()}})
+    obs = stack_observations(firsts)
     processor = getattr(processor, "processor", processor)  # a PolicyDataset carries one
     positive_only = processor.conditioning == POSITIVE_ONLY
     branches = (POSITIVE, PLAIN_BRANCH) if positive_only else (POSITIVE, NEGATIVE, PLAIN_BRANCH)
