@@ -243,10 +243,47 @@ def result_line(task: str, figures: dict, args, seconds: float) -> str:
     return "RESULT: " + " ".join(fields)
 
 
-def iterate_round(task: str, args, log: Path) -> str:
-    """One ``recap-iterate`` round on ``task`` with expert corrections, from the seed-0
-    ``sft_rlinf`` policy: its RESULT line (collection and the new policy's success)."""
-    raise NotImplementedError
+def iterate_round(task: str, args, log: Path) -> tuple[str, dict]:
+    """One ``recap-iterate`` round on ``task`` (``gin/metaworld/iterate.gin``) from the seed-0
+    ``sft_rlinf`` policy, Meta-World's expert correcting: its RESULT line and figures (the
+    collection, and the new policy against the collecting one on the same held-out episodes,
+    paired over episodes: one training seed)."""
+    start_run = run_dir("sft_rlinf", 0, args)
+    limit = EPISODE_LIMIT.get(task, 150)
+    collect = {"env_name": task, "image_size": 32, "max_steps": limit}
+    params = [*(f"all:{p}" for p in DATA), f'policy:BASE_POLICY = "{run_dir("bcsft", 0, args)}"',
+              f"policy:train.max_steps = {args.finetune_steps}",
+              f"policy:train.save_every = {args.finetune_steps}",
+              f"value:train.max_steps = {args.value_steps}",
+              f"value:train.save_every = {args.value_steps}",
+              f"evaluate:evaluate_policy.num_episodes = {args.episodes}",
+              "evaluate:evaluate_policy.betas = [1.0]", f"evaluate:{env_options(task, 32)}",
+              f'iterate.start_run = "{start_run}"', f"iterate.env_options = {collect!r}",
+              f"iterate.episodes = {args.iterate_episodes}"]  # fmt: skip
+    start = time.perf_counter()
+    run([sys.executable, "-m", "recap.commands.iterate",
+         *gin_args(["metaworld/iterate.gin"], params)], log)  # fmt: skip
+    summaries = sorted(Path("runs/pipeline/iterate").glob("iter1/*/summary.json"),
+                       key=lambda p: p.stat().st_mtime)  # fmt: skip
+    record = json.loads(summaries[-1].read_text())
+    policy = Path(record["policy"]["run_dir"])
+    after = json.loads((policy / "closed_loop.json").read_text())["outcomes"]["beta_1"]
+    before = json.loads((Path(start_run) / "closed_loop.json").read_text())["outcomes"]["beta_1"]
+    after, before = np.array([after], np.float64), np.array([before], np.float64)
+    diff = paired_bootstrap(after, before)
+    c = record["collect"]
+    figures = {"episodes": c.get("episodes"), "successes": c.get("successes"),
+               "corrections": c.get("corrections"),
+               "corrected_episodes": c.get("corrected_episodes"),
+               "before": float(before.mean()), "after": float(after.mean()),
+               "diff": diff.mean, "interval": [diff.low, diff.high]}  # fmt: skip
+    line = (f"RESULT: iterate task={task} collected={c.get('episodes')} "
+            f"collect_successes={c.get('successes')} corrected_frames={c.get('corrections')} "
+            f"corrected_episodes={c.get('corrected_episodes')} sft_rlinf_s0={before.mean():.3f} "
+            f"iter1={after.mean():.3f} iter1_minus_sft_rlinf={diff.mean:+.3f}"
+            f"[{diff.low:+.3f},{diff.high:+.3f}] episodes={args.episodes} seeds=1 "
+            f"wall_s={time.perf_counter() - start:.0f}")  # fmt: skip
+    return line, figures
 
 
 def figure(all_figures: dict, seeds: list[int], path: Path) -> None:
@@ -283,15 +320,17 @@ def main() -> None:
     parser.add_argument("--rollout-episodes", type=int, default=80)
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--iterate", action="store_true", help="one recap-iterate round")
+    parser.add_argument("--iterate-episodes", type=int, default=50, help="episodes collected")
     parser.add_argument("--quick", action="store_true", help="tiny budget: check the machinery")
     args = parser.parse_args()
     if args.quick:
         args.seeds, args.episodes, args.steps, args.finetune_steps = [0, 1], 4, 10, 5
         args.value_steps, args.demo_episodes, args.rollout_episodes = 5, 4, 6
+        args.iterate_episodes = 4
     os.environ.setdefault("MUJOCO_GL", "osmesa")
     root = Path(args.work).resolve()
     start = time.perf_counter()
-    all_lines, all_figures, results = [], {}, []
+    all_lines, all_figures, results, iterated = [], {}, [], None
     for task in args.tasks:
         work = root / task
         work.mkdir(parents=True, exist_ok=True)
@@ -310,9 +349,12 @@ def main() -> None:
         results.append(result_line(task, figures, args, time.perf_counter() - task_start))
         (work / "metaworld.json").write_text(json.dumps({"data": data, "arms": figures},
                                                         indent=2) + "\n")  # fmt: skip
-    os.chdir(root)
     if args.iterate:
-        results.append(iterate_round(args.tasks[0], args, root / args.tasks[0] / "bench.log"))
+        os.chdir(root / args.tasks[0])
+        line, iterated = iterate_round(args.tasks[0], args, root / args.tasks[0] / "bench.log")
+        results.append(line)
+        print(line, flush=True)
+    os.chdir(root)
     png = root / "metaworld.png"
     figure(all_figures, args.seeds, png)
     metrics = {
@@ -324,7 +366,8 @@ def main() -> None:
     }
     log_run("metaworld", root, {"seeds": str(args.seeds), "episodes": str(args.episodes),
                                 "tasks": " ".join(args.tasks)},
-            metrics, args.steps, all_lines + results, all_figures, png)  # fmt: skip
+            metrics, args.steps, all_lines + results,
+            {"tasks": all_figures, "iterate": iterated}, png)  # fmt: skip
     print("\n".join(all_lines))
     print(f"wall {time.perf_counter() - start:.0f} s")
     print("\n".join(results))

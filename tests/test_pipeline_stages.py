@@ -31,18 +31,18 @@ from recap.workflow.stages import BY_NAME, SCOPES, STAGES, STEP_KEYS, Planned
 # steps read, a STEP_VERSION).
 DEMO_FINGERPRINTS = {
     "returns": "449213778227ce201bc9e49fe1437f624b5ba89d49b0634f478af40962628a6c",
-    "value": "a3bc8db5b94a046d6d4e463f5d33b25ab9eb5c5a0c1fad258ea88696edfa0609",
-    "advantages": "aeead72894a36c2a9743d6ed003835c1c57694db5a01c87f56601c02ffe8fe3c",
-    "policy": "b847e0dd2f25fda02fee3c33a027e523a6cc4a66ab4d86f25c3c10f8c8bad9f6",
+    "value": "cfc56ddc74e8b89279d69c7775a6e71d440413c505d6ea5afcbfff7b7c1ec90d",
+    "advantages": "3593f5c24a9ae5e40d9f9492bd0be6c31b239d8f856e5e56b28e819f1ce4cdd4",
+    "policy": "27d0fcce84ee7b37575f740f0b4ddf6ebdea3945a6458e546c946173a015579c",
     "baseline": "2167f5f99ba90a7ab704e84f5cb02c38517902d2400343deba46ff2daaa0686f",
-    "evaluate_policy": "49b79d9ea9b32270e810b09d8698bc8867e8ec16b83e0de1bec0f33db4954387",
-    "evaluate_baseline": "ddd7ee0302c4d17b41b64ff1c7066c3b7e42d849c069eb65d4eb7c1300001303",
+    "evaluate_policy": "16990d1085540ca13ebb8e7cdf778432c00416fc8280378d72e4ee89ceb07acf",
+    "evaluate_baseline": "dfb9b1d9dde04d98da3bcce92652fd0c2c32a01407cba5b78a2a1e3506bf3764",
 }
-VALUE = "runs/pipeline/value/a3bc8db5b94a"
-ADVANTAGES = "runs/pipeline/advantages/aeead72894a3"
-POLICY = "runs/pipeline/policy/b847e0dd2f25"
+VALUE = "runs/pipeline/value/cfc56ddc74e8"
+ADVANTAGES = "runs/pipeline/advantages/3593f5c24a9a"
+POLICY = "runs/pipeline/policy/27d0fcce84ee"
 BASELINE = "runs/pipeline/baseline/2167f5f99ba9"
-TAG = 'policy_data.advantages_tag = "adv_aeead72894a3"'
+TAG = 'policy_data.advantages_tag = "adv_3593f5c24a9a"'
 ZERO1 = "deepspeed_config.zero_stage = 1"
 EVALUATE = ["evaluate_policy.num_episodes = 100", "evaluate_policy.betas = [1.0, 2.0]"]
 
@@ -57,12 +57,12 @@ WIRING = {
               [f'train.run_dir = "{VALUE}"', 'Tracker.run_name = "scratch/value"']),
     "advantages": (
         [f'compute_advantages.model_path = "{VALUE}"'], ADVANTAGES,
-        ['compute_advantages.tag = "adv_aeead72894a3"',
+        ['compute_advantages.tag = "adv_3593f5c24a9a"',
          f'compute_advantages.output_dir = "{ADVANTAGES}"'],
-        ["demo_data/sft/meta/advantages_adv_aeead72894a3.parquet",
-         "demo_data/rollout/meta/advantages_adv_aeead72894a3.parquet"],
+        ["demo_data/sft/meta/advantages_adv_3593f5c24a9a.parquet",
+         "demo_data/rollout/meta/advantages_adv_3593f5c24a9a.parquet"],
         [f'compute_advantages.model_path = "{VALUE}"',
-         'compute_advantages.tag = "adv_aeead72894a3"',
+         'compute_advantages.tag = "adv_3593f5c24a9a"',
          f'compute_advantages.output_dir = "{ADVANTAGES}"',
          'Tracker.run_name = "scratch/advantages"'],
     ),

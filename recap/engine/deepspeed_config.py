@@ -4,13 +4,13 @@
 one ``"recap"`` section (head learning rate, head parameter patterns, LR schedule) that the engine
 applies itself and strips before handing the rest to DeepSpeed. Defaults follow docs/spec.md §4:
 torch AdamW, betas (0.9, 0.95), eps 1e-8, weight decay 1e-10, lr 5e-5 backbone / 1e-4 head,
-linear warmup then constant, global-norm clipping 1.0, ZeRO stage 3.
+linear warmup then constant, global-norm clipping 1.0, ZeRO stage "auto".
 
-``zero_stage = "auto"``: the training run picks, before it builds the model, the fastest stage
-(0-3) whose predicted memory fits the smallest device of all ranks at the configured micro batch
-(``resolve_auto``, ``recap.engine.memory.auto_stage``; every rank resolves the same stage, mixed
-cards included), logs it, and records it in the config it tracks; an explicit stage always
-wins. ``recap-plan-memory`` prints the wider search (checkpointing, offload,
+``zero_stage = "auto"`` (the default): the training run picks, before it builds the model, the
+fastest stage (0-3) whose predicted memory fits the smallest device of all ranks at the
+configured micro batch (``resolve_auto``, ``recap.engine.memory.auto_stage``; every rank resolves
+the same stage, mixed cards included), logs it, and records it in the config it tracks; an
+explicit stage always wins. ``recap-plan-memory`` prints the wider search (checkpointing, offload,
 micro batch) for a named hardware.
 """
 
@@ -141,7 +141,7 @@ def deepspeed_config(
     max_steps: int,
     micro_batch_size: int = 32,
     global_batch_size: int = 256,
-    zero_stage: int | str = 3,
+    zero_stage: int | str = "auto",
     precision: str = "auto",
     lr: float = 5e-5,
     head_lr: float | None = 1e-4,

@@ -46,7 +46,7 @@ from recap.envs.factory import env_factory
 from recap.envs.reach import STATE_NAMES, TARGET_STATE_NAMES, ReachEnv
 from recap.envs.rollout import evaluate
 from recap.errors import RecapError
-from recap.loading import PolicyAdapter, load_policy, load_run  # noqa: F401  (re-exported)
+from recap.loading import ChunkAdapter, PolicyAdapter, load_policy, load_run  # noqa: F401
 from recap.models.pi05 import Pi05Policy
 from recap.processing.pi05 import (
     NEGATIVE,
@@ -60,7 +60,7 @@ from recap.processing.prompts import PLAIN, POSITIVE_ONLY
 log = logs.get(__name__)
 # Code version in the fingerprints of this step's stages: bump it when its results change (those
 # stages and the ones after them rerun); tests check it against recap/workflow/code_versions.json.
-STEP_VERSION = "2"  # 2: any Env; episode k at reset(seed + k) (reach layouts changed)
+STEP_VERSION = "3"  # 3: replan_steps of each chunk run (were ignored); 2: any Env, reset(seed + k)
 RESULTS_FILE = "closed_loop.json"
 
 
@@ -133,8 +133,10 @@ def _evaluate(model, processor, run, betas, num_episodes, seed, batch_size, num_
     for beta in betas:
         start = time.perf_counter()
 
-        def policy_at(b: float) -> PolicyAdapter:
-            return PolicyAdapter(model, processor, b, num_steps, noise_seed, guidance)
+        def policy_at(b: float) -> ChunkAdapter:
+            # whole chunks: the loop executes replan_steps of each (1: the first action, as
+            # PolicyAdapter returns, from the same noise draw)
+            return ChunkAdapter(model, processor, b, num_steps, noise_seed, guidance)
 
         with torch.no_grad():
             out = evaluate(policy_at, make_env, num_episodes, seed, [float(beta)], replan_steps,

@@ -41,7 +41,11 @@ def test_defaults_follow_spec_step2():
     assert config["train_micro_batch_size_per_gpu"] == 32
     assert config["gradient_accumulation_steps"] == 4
     assert config["gradient_clipping"] == 1.0
-    assert config["zero_optimization"]["stage"] == 3
+    # the stage is chosen when training starts (recap.engine.deepspeed_config.resolve_auto)
+    assert config["zero_optimization"] == {"stage": "auto", "contiguous_gradients": True,
+                                           "overlap_comm": False}  # fmt: skip
+    assert config[RECAP_KEY]["auto"] == {"offload_optimizer": False, "persistence_threshold": None,
+                                         "activation_gb_per_sample": None}  # fmt: skip
     assert config["optimizer"] == {
         "type": "AdamW",
         "params": {

@@ -30,8 +30,8 @@ class LineEnv:
 
     resets: list[int] = []  # every seed any instance was reset with
 
-    def __init__(self, max_steps: int = 3, task: str = "reach the blue target"):
-        self.max_steps, self.task = max_steps, task
+    def __init__(self, max_steps: int = 3, task: str = "reach the blue target", goal: float = 0.5):
+        self.max_steps, self.task, self.goal = max_steps, task, goal
         self.spec = EnvSpec(("image", "wrist_image"), tuple(f"s{i}" for i in range(8)),
                             tuple(f"a{i}" for i in range(7)), 10, max_steps, "line")  # fmt: skip
 
@@ -51,7 +51,7 @@ class LineEnv:
     def step(self, action: np.ndarray):
         self.x += 0.2 * float(np.clip(action[0], -1, 1))
         self.steps += 1
-        success = self.x > 0.5
+        success = self.x > self.goal
         return self.observe(), success, success or self.steps >= self.max_steps
 
 
@@ -96,6 +96,25 @@ def test_a_non_reach_env_writes_the_reach_evaluations_fields(run_dir):
     stage = PairedEvaluateStage("evaluate_line", "policy", ("policy",))
     assert stage.result(SimpleNamespace(run_dir=run_dir)) == {
         "success": line["success"], "num_episodes": 3, "outcomes": line["outcomes"]}  # fmt: skip
+
+
+def test_each_chunk_executes_replan_steps_actions(run_dir, monkeypatch):
+    """``evaluate_policy.replan_steps`` actions of each sampled chunk run before the policy is
+    asked again: a 6-step episode (the goal out of reach) asks it 6 times at 1, twice at 3."""
+    from recap.loading import PolicyAdapter
+
+    calls, chunk = [], PolicyAdapter.chunk
+    monkeypatch.setattr(
+        PolicyAdapter, "chunk", lambda self, obs: calls.append(len(obs["task"])) or chunk(self, obs)
+    )
+    for replan, asked in ((1, 6), (3, 2)):
+        calls.clear()
+        record = evaluate(run_dir, f'evaluate_policy.env = "{LINE}"',
+                          'evaluate_policy.env_options = {"max_steps": 6, "goal": 99.0}',
+                          "evaluate_policy.num_episodes = 1", "evaluate_policy.betas = [1.0]",
+                          f"evaluate_policy.replan_steps = {replan}")  # fmt: skip
+        assert calls == [1] * asked
+        assert record["outcomes"] == {"beta_1": [0]}
 
 
 def test_an_unknown_env_is_one_line():

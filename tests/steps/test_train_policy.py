@@ -43,6 +43,7 @@ def run(tmp_path_factory):
         "train.log_every = 1",
         f"train.save_every = {STEPS}",
         "train.num_workers = 0",
+        "deepspeed_config.zero_stage = 3",  # the consolidation tests read ZeRO-3's shards
     ]
     env = launch_env(root)
     cmd = [*deepspeed_local(2, free_port()),
