@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from recap import logs
+from recap.core.columns import EPISODE_SEED, EPISODE_STEP
 from recap.errors import RecapError
 from recap.processing.cameras import NUM_CAMERAS
 from recap.processing.files import DTYPE_NAMES, own_tokenizer
@@ -326,7 +327,8 @@ class PolicyAdapter:
     Observations (``{"images": {camera: uint8[B, H, W, 3]}, "state": float[B, D], "task":
     [str]}``) become the model batch through ``Pi05Processor.obs_to_batch``; the chunk is sampled
     with v = v_plain + beta (v_guide - v_plain) (``guidance``: the processor's when None) from
-    seeded noise, so a run is reproducible, and unnormalized by the processor. ``__call__``
+    seeded noise (per episode and step under a closed loop: :meth:`noise`), so a run is
+    reproducible, and unnormalized by the processor. ``__call__``
     returns the first action (replanning every step); ``chunk`` the whole chunk."""
 
     def __init__(
@@ -344,7 +346,7 @@ class PolicyAdapter:
         self.beta = processor.check_beta(beta)
         self.num_steps = num_steps or processor.num_steps
         self.guidance = check_guidance(guidance or processor.guidance, processor.conditioning)
-        self.generator = torch.Generator().manual_seed(seed)
+        self.seed, self.generator = seed, torch.Generator().manual_seed(seed)
 
     @property
     def sample_guidance(self) -> str:
@@ -359,9 +361,23 @@ class PolicyAdapter:
         batch = self.batch(obs)
         config = self.model.config
         shape = (batch["frames"].shape[0], config.action_horizon, config.action_dim)
-        noise = torch.randn(shape, generator=self.generator)
+        noise = self.noise(obs, shape)
         return self.processor.sample(self.model, batch, noise, self.beta, self.num_steps,
                                      self.guidance)  # fmt: skip
+
+    def noise(self, obs: dict, shape: tuple[int, ...]) -> torch.Tensor:
+        """The chunk's starting noise: each row's own draw, seeded by (``seed``, the episode's
+        seed, its step) when a closed loop names them (``EPISODE_SEED`` / ``EPISODE_STEP``: an
+        episode's actions then depend on nothing else in the batch, so batch size and sharding
+        change no result); else the next draw of this adapter's stream (a server's requests)."""
+        if EPISODE_SEED not in obs:
+            return torch.randn(shape, generator=self.generator)
+        rows = []
+        for episode, step in zip(obs[EPISODE_SEED], obs[EPISODE_STEP], strict=True):
+            key = np.random.SeedSequence([self.seed, int(episode), int(step)])
+            generator = torch.Generator().manual_seed(int(key.generate_state(1, np.uint64)[0] >> 1))
+            rows.append(torch.randn(shape[1:], generator=generator))
+        return torch.stack(rows)
 
     def __call__(self, obs: dict) -> np.ndarray:
         return self.chunk(obs)[:, 0].astype(np.float32)

@@ -18,6 +18,13 @@ TASK_INDEX = "task_index"
 IS_SUCCESS = "is_success"
 NEXT_SUCCESS = "next.success"  # the name some LeRobot datasets use
 
+# Keys a closed loop (recap.envs.rollout) adds to each batch of observations it gives a policy:
+# per row, the episode's seed and the step it is at. recap.loading's adapters draw each row's
+# sampling noise from them, so an episode's actions do not depend on what shares its batch, on
+# the batch size or on the rank that runs it.
+EPISODE_SEED = "episode_seed"
+EPISODE_STEP = "episode_step"
+
 # Step 1 sidecar: meta/returns_{tag}.parquet
 RETURN = "return"
 REWARD = "reward"

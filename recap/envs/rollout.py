@@ -27,7 +27,9 @@ rank gets the same outcomes (``episode_outcomes`` / ``evaluate``), and ``collect
 dataset (rank 0 writes it from the episodes every rank left in ``.<out_dir>.shards`` beside
 ``out_dir``, a directory all ranks must see). An episode depends only on its seed and the
 policy, so the merged result is the unsharded run's for the same seeds (for a policy that maps
-the same observations to the same actions, whatever else shares its batch).
+the same observations to the same actions, whatever else shares its batch: each batch carries
+every row's episode seed and step, ``recap.core.columns.EPISODE_SEED`` / ``EPISODE_STEP``, from
+which recap's π0.5 adapters draw that row's sampling noise).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from recap.core.advantages import IS_CORRECTION
+from recap.core.columns import EPISODE_SEED, EPISODE_STEP
 from recap.data.lerobot_writer import Episode, write_lerobot_dataset
 from recap.envs.base import (
     BatchedPolicy,
@@ -143,7 +146,10 @@ def run_episodes(
     while live:
         need = [i for i in live if not slots[i].plan]
         if need:
-            actions = np.asarray(policy(stack_observations([slots[i].obs for i in need])))
+            batch = stack_observations([slots[i].obs for i in need])
+            batch[EPISODE_SEED] = np.array([seed + slots[i].index for i in need], np.int64)
+            batch[EPISODE_STEP] = np.array([slots[i].steps for i in need], np.int64)
+            actions = np.asarray(policy(batch))
             if actions.ndim == 2:
                 actions = actions[:, None]
             if actions.ndim != 3 or actions.shape[0] != len(need):

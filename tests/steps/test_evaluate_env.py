@@ -6,6 +6,7 @@ task."""
 from __future__ import annotations
 
 import json
+import subprocess
 from types import SimpleNamespace
 
 import gin
@@ -13,9 +14,11 @@ import numpy as np
 import pytest
 
 from recap.commands.evaluate_policy import main
+from recap.engine.distributed import free_port
 from recap.envs.base import EnvSpec
 from recap.envs.factory import env_factory
 from recap.errors import RecapError
+from tests.helpers import REPO, deepspeed_local, launch_env
 from tests.serve.test_record import write_reach_policy
 
 FIELDS = {"env", "conditioning", "num_episodes", "seed", "guidance", "success", "heading",
@@ -115,6 +118,24 @@ def test_each_chunk_executes_replan_steps_actions(run_dir, monkeypatch):
                           f"evaluate_policy.replan_steps = {replan}")  # fmt: skip
         assert calls == [1] * asked
         assert record["outcomes"] == {"beta_1": [0]}
+
+
+def test_two_launched_ranks_write_the_record_one_process_writes(run_dir, tmp_path):
+    """Under the launcher each rank runs its share of the episodes (k on rank k % 2) and rank 0
+    writes the merged record: the same file as one process writes for the same seeds."""
+    line = [f'evaluate_policy.env = "{LINE}"', 'evaluate_policy.env_options = {"max_steps": 4}',
+            "evaluate_policy.num_episodes = 5", "evaluate_policy.betas = [1.0, 2.0]"]  # fmt: skip
+    alone = evaluate(run_dir, *line)
+    (run_dir / "closed_loop.json").unlink()
+    params = [f'evaluate_policy.run_dir = "{run_dir}"', f'train.run_dir = "{run_dir}"',
+              "evaluate_policy.batch_size = 2", *line]  # fmt: skip
+    cmd = [*deepspeed_local(2, free_port()), "--module", "recap.commands.evaluate_policy",
+           *[arg for p in params for arg in ("--gin_param", p)]]  # fmt: skip
+    done = subprocess.run(cmd, cwd=REPO, env=launch_env(tmp_path), capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    assert json.loads((run_dir / "closed_loop.json").read_text()) == alone
+    assert len(alone["outcomes"]["beta_1"]) == 5
 
 
 def test_an_unknown_env_is_one_line():
