@@ -31,8 +31,9 @@ For each task (``--tasks``: one reach-like, one manipulation task by default), i
 Per task and arm the success rate with its 95% interval; per arm the difference from
 ``sft_bc`` with a paired two-level bootstrap interval (seeds, then episodes:
 ``recap.core.bootstrap``); one ``RESULT:`` line per task and a table, a PNG and the figures as one
-MLflow run (experiment ``bench``). Finished runs are reused (a run directory keeps its
-``closed_loop.json``), so an interrupted benchmark continues.
+MLflow run (experiment ``bench``), the table and RESULT lines also to ``{--work}/metaworld.txt``
+(``scripts/docs_figures.py --block bench-metaworld=...``). Finished runs are reused (a run
+directory keeps its ``closed_loop.json``), so an interrupted benchmark continues.
 
     MUJOCO_GL=osmesa python bench/recap_metaworld.py   # 2 tasks x 3 seeds x 100 episodes
     python bench/recap_metaworld.py --quick             # the machinery on a tiny budget
@@ -368,9 +369,9 @@ def main() -> None:
                                 "tasks": " ".join(args.tasks)},
             metrics, args.steps, all_lines + results,
             {"tasks": all_figures, "iterate": iterated}, png)  # fmt: skip
-    print("\n".join(all_lines))
-    print(f"wall {time.perf_counter() - start:.0f} s")
-    print("\n".join(results))
+    text = [*all_lines, f"wall {time.perf_counter() - start:.0f} s", *results]
+    (root / "metaworld.txt").write_text("\n".join(text) + "\n")  # scripts/docs_figures.py
+    print("\n".join(text))
 
 
 if __name__ == "__main__":

@@ -117,8 +117,9 @@ class IterateConfig:
             "image_size": 32}``), ``"libero"`` (``suite``, ``task_id``; needs ``hf-libero``) or
             ``"package.module:Factory"``; ``env_options``: its constructor's keyword arguments.
         expert, drift, takeover_steps: scripted-expert corrections (reach, metaworld): the expert
-            takes over for ``takeover_steps`` steps when the action's L2 distance (dx, dy) from
-            its own exceeds ``drift``; those frames are ``is_correction``.
+            takes over for ``takeover_steps`` steps when the action's L2 distance from its own
+            exceeds ``drift`` (over dx, dy for reach; dx, dy, dz for metaworld: the factory's
+            ``drift_dims``); those frames are ``is_correction``.
         naming, image_dtype: the collected datasets' column naming and image storage.
         start_run: policy 0's run directory (default: the pipeline's ``baseline`` stage), loaded
             with the gin files of ``pipeline.steps[start_step]``.
@@ -201,7 +202,8 @@ class IterateConfig:
 
     def collection(self) -> dict:
         """The settings a collection's content depends on (its fingerprint hashes them)."""
-        # num_envs stays in: the sampling noise is drawn per batch of environments
+        # num_envs stays in: collections from before each episode drew its own sampling noise
+        # (recap.core.columns.EPISODE_SEED) depended on it, and their fingerprints stay
         skip = {"iterations", "start_run", "start_step", "policy_init", "value_init", "root",
                 "experiment", "recorded"}  # fmt: skip
         if not self.env_options:  # unset: the fingerprints of collections made before it

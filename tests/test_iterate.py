@@ -508,3 +508,22 @@ def test_an_empty_recording_directory_is_one_line_and_exit_2(tmp_path, capsys):
         f"{tmp_path / 'rec'} first\n"
     )
     assert not (tmp_path / "runs").exists()
+
+
+def test_the_loop_takes_any_env_the_factory_builds_with_its_options():
+    """``iterate.env`` is checked against ``recap.envs.factory`` (its names, its experts, a
+    ``module:Factory``); ``env_options`` enter the collection's fingerprint only when set, so
+    collections made without them keep theirs."""
+    from recap.errors import RecapError, one_line
+    from recap.iterate import IterateConfig
+
+    push = IterateConfig(iterations=1, env="metaworld", expert=True,
+                         env_options={"env_name": "push-v3", "image_size": 32})  # fmt: skip
+    assert push.collection()["env_options"] == {"env_name": "push-v3", "image_size": 32}
+    assert "env_options" not in IterateConfig(iterations=1).collection()
+    line = "tests.steps.test_evaluate_env:LineEnv"
+    assert IterateConfig(iterations=1, env=line).env_options == {}
+    with pytest.raises(RecapError) as caught:
+        IterateConfig(iterations=1, env=line, expert=True)
+    assert one_line(caught.value) == (f"iterate.expert: env {line!r} has no scripted expert; set "
+                                      "iterate.expert = False")  # fmt: skip

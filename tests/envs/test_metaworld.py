@@ -355,3 +355,23 @@ def test_shards_split_the_episodes_round_robin(monkeypatch):
         "sharded=True under a launcher: call recap.engine.distributed.init() first, so the "
         "ranks can merge their episodes"
     )
+
+
+@needs_metaworld
+def test_one_tokenizer_covers_every_task_the_state_bins_and_the_labels(tmp_path):
+    """``write_metaworld_tokenizer``: every v3 task's prompt, openpi's state text and the
+    advantage label encode without an unknown word, within the vocabulary ``gin/metaworld``
+    binds (384); an existing tokenizer is kept."""
+    from transformers import AutoTokenizer
+
+    path = mw.write_metaworld_tokenizer(tmp_path / "tokenizer")
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    assert len(tokenizer) == 315
+    names = sorted(mw.load_metaworld().environments)
+    assert len(names) == 50 and "pick-place-v3" in names
+    for name in names:
+        text = f"Task: {mw.task_text(name)}, State: 0 17 255;\nAction: Advantage: negative"
+        assert tokenizer.unk_token_id not in tokenizer(text).input_ids, name
+    before = (path / "tokenizer.json").stat().st_mtime_ns
+    assert mw.write_metaworld_tokenizer(path) == path
+    assert (path / "tokenizer.json").stat().st_mtime_ns == before
