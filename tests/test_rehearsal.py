@@ -46,6 +46,9 @@ STEP_COUNTS = {"train.max_steps", "train.log_every", "train.eval_every", "train.
 BATCHES = {"deepspeed_config.micro_batch_size", "deepspeed_config.global_batch_size",
            "train.eval_batch_size", "compute_advantages.batch_size"}  # fmt: skip
 WORKERS = {"train.num_workers", "compute_advantages.num_workers"}
+# the ZeRO stage the rehearsal exercises (3: partitioned weights, per-rank shards, exports), which
+# "auto", the real config's, would not pick for tiny models
+STAGE = {"deepspeed_config.zero_stage"}
 SIZE_KEYS = {"hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
              "num_key_value_heads", "head_dim", "image_size", "patch_size",
              "vocab_size"}  # fmt: skip
@@ -72,7 +75,8 @@ def tiny_bindings() -> dict[str, object]:
 
 def test_tiny_gin_binds_only_sizes_step_counts_and_batch_sizes():
     bindings = tiny_bindings()
-    assert set(bindings) - (SIZES | STEP_COUNTS | BATCHES | WORKERS) == set()
+    assert set(bindings) - (SIZES | STEP_COUNTS | BATCHES | WORKERS | STAGE) == set()
+    assert bindings["deepspeed_config.zero_stage"] == 3
     # the π0.5 dicts keep every field of the real config; only the sizes differ
     import recap.models.pi05  # noqa: F401
 

@@ -190,10 +190,13 @@ class Trainer:
         accelerator.seed_everything(step_seed(self.opts.seed, step, distributed.rank()))
         if self.window is None:  # the first step since the last log: the timing window opens
             self.window, self.window_steps, self.paused = time.perf_counter(), 0, 0.0
-        for _ in range(self.accumulation):
+        own_norm = None
+        for micro in range(self.accumulation):
             batch = accelerator.to_device(next(batches), accelerator.device())
             loss, metrics = self.engine(batch)
             self.engine.backward(loss.mean())
+            if micro == self.accumulation - 1 and self.engine.zero_optimization_stage() == 0:
+                own_norm = self._gradient_norm()  # the averaged gradients, before clipping
             self.engine.step()
             self.sums.add("loss", loss)
             for name, value in metrics.items():
@@ -201,8 +204,18 @@ class Trainer:
         if self.ema is not None:  # the optimizer stepped at the last micro-batch
             self.ema.update()
         norm = self.engine.get_global_grad_norm()
+        norm = own_norm if norm is None else norm
         if norm is not None:
             self.sums.add("grad_norm", norm)
+
+    def _gradient_norm(self) -> torch.Tensor | None:
+        """The 2-norm of every gradient (ZeRO-0: DeepSpeed clips fp32 gradients without keeping
+        the norm it computed, so ``get_global_grad_norm`` is None there; after the boundary's
+        backward the gradients are already averaged over the ranks, so this is the global norm)."""
+        grads = [p.grad.detach() for p in self.engine.module.parameters() if p.grad is not None]
+        if not grads:
+            return None
+        return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
         self.window_steps += 1
 
     def _due(self, step: int, every: int) -> bool:

@@ -169,6 +169,16 @@ def test_a_toy_run_with_auto_logs_the_stage_it_used(tmp_path):
     done = run(cmd, tmp_path)
     assert 'zero_stage "auto" on 1 rank(s): ZeRO-0 (ZeRO-0, no offload' in done.stdout + done.stderr
     assert (run_dir / "model.safetensors").is_file()
+    # ZeRO-0 logs the gradient norm too (recap's own: DeepSpeed keeps none there), and it is the
+    # norm DeepSpeed computes at ZeRO-1 for the same step
+    zero1 = tmp_path / "zero1"
+    swapped = [p for p in params if "zero_stage" not in p and "run_dir" not in p]
+    run([*cmd[:4], *[arg for p in [*swapped, "deepspeed_config.zero_stage = 1",
+                                   f'train.run_dir = "{zero1}"'] for arg in ("--gin_param", p)]],
+        tmp_path)  # fmt: skip
+    norms = [json.loads((d / "metrics.jsonl").read_text().splitlines()[0])["train/grad_norm"]
+             for d in (run_dir, zero1)]  # fmt: skip
+    assert norms[0] > 0 and norms[0] == pytest.approx(norms[1], rel=1e-5)
 
 
 def test_two_ranks_with_different_memory_resolve_one_stage(tmp_path):
