@@ -207,6 +207,7 @@ class Trainer:
         norm = own_norm if norm is None else norm
         if norm is not None:
             self.sums.add("grad_norm", norm)
+        self.window_steps += 1
 
     def _gradient_norm(self) -> torch.Tensor | None:
         """The 2-norm of every gradient (ZeRO-0: DeepSpeed clips fp32 gradients without keeping
@@ -216,7 +217,6 @@ class Trainer:
         if not grads:
             return None
         return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
-        self.window_steps += 1
 
     def _due(self, step: int, every: int) -> bool:
         return step == self.opts.max_steps or (every > 0 and step % every == 0)

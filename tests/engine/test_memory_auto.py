@@ -176,9 +176,11 @@ def test_a_toy_run_with_auto_logs_the_stage_it_used(tmp_path):
     run([*cmd[:4], *[arg for p in [*swapped, "deepspeed_config.zero_stage = 1",
                                    f'train.run_dir = "{zero1}"'] for arg in ("--gin_param", p)]],
         tmp_path)  # fmt: skip
-    norms = [json.loads((d / "metrics.jsonl").read_text().splitlines()[0])["train/grad_norm"]
-             for d in (run_dir, zero1)]  # fmt: skip
+    firsts = [json.loads((d / "metrics.jsonl").read_text().splitlines()[0])
+              for d in (run_dir, zero1)]  # fmt: skip
+    norms = [first["train/grad_norm"] for first in firsts]
     assert norms[0] > 0 and norms[0] == pytest.approx(norms[1], rel=1e-5)
+    assert all(first["time/step_ms"] > 0 for first in firsts)  # the step was timed
 
 
 def test_two_ranks_with_different_memory_resolve_one_stage(tmp_path):
