@@ -54,7 +54,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from recap_vs_bc import distributed, gin_args, log_run, run  # noqa: E402
+from recap_vs_bc import DATASETS, distributed, gin_args, log_run, run, write_oracle  # noqa: E402
 
 from recap.core.bootstrap import paired_bootstrap, rate_interval  # noqa: E402
 
@@ -77,7 +77,6 @@ ARMS = {
 }
 CONDITIONED = ("sft_rlinf", "sft_recap", "sft_oracle")
 BASELINE = "sft_bc"
-DATASETS = ("sft", "rollout")
 DATA = ['MW_DATA = "mw_data"', 'MW_TOKENIZER = "mw_data/tokenizer"']
 TARGET = "RECAP (RLinf's recipe) - plain fine-tune > 0 with a 95% interval excluding 0, per task"
 
@@ -108,7 +107,7 @@ def prepare(task: str, args, log: Path) -> dict:
     if not Path("mw_data/rollout/meta/advantages_mw.parquet").is_file():
         run([sys.executable, "-m", "recap.commands.compute_advantages",
              *gin_args(["metaworld/advantages.gin"], DATA)], log)  # fmt: skip
-    write_oracle(Path("mw_data"))
+    write_oracle(Path("mw_data"), "mw")
     if not Path("mw_data/rollout/meta/advantages_mw_forced.parquet").is_file():
         from recap.data import sidecars
 
@@ -133,23 +132,6 @@ def data_summary(data: Path) -> dict:
                      "positive_fraction": round(positive, 3),
                      **{k: v for k, v in stats.items() if "success" in k}}  # fmt: skip
     return out
-
-
-def write_oracle(data: Path) -> None:
-    """``advantages_oracle``: the ``mw`` tag's table with labels = each episode's outcome."""
-    from recap.core.oracle import outcome_labels
-    from recap.data import sidecars
-
-    for name in DATASETS:
-        if (data / name / "meta" / "advantages_oracle.parquet").is_file():
-            continue
-        table, record = sidecars.read_advantages(data / name, "mw")
-        returns, _ = sidecars.read_returns(data / name, "")
-        labels = outcome_labels(table, returns)
-        positive = float(np.mean(labels.column("advantage").to_numpy(zero_copy_only=False)))
-        record = {**record, "labels": "episode outcome", "positive_fraction": positive}
-        sidecars.write_advantages(data / name, "oracle", labels, record,
-                                  sidecars.dataset_source(data / name))  # fmt: skip
 
 
 def run_dir(arm: str, seed: int, args) -> str:

@@ -180,13 +180,14 @@ def prepare(work: Path, args, log: Path) -> None:
              *gin_args(["demo/relabel.gin"], forced)], log)  # fmt: skip
 
 
-def write_oracle(data: Path) -> None:
-    """``advantages_oracle``: the demo tag's table with labels = each episode's outcome."""
+def write_oracle(data: Path, tag: str = "demo") -> None:
+    """``advantages_oracle`` in ``data``'s sft and rollout datasets: the Step 3 tag ``tag``'s
+    table with labels = each episode's outcome (``bench/recap_metaworld.py`` passes its own)."""
     from recap.core.oracle import outcome_labels
     from recap.data import sidecars
 
     for name in DATASETS:
-        table, record = sidecars.read_advantages(data / name, "demo")
+        table, record = sidecars.read_advantages(data / name, tag)
         returns, _ = sidecars.read_returns(data / name, "")
         labels = outcome_labels(table, returns)
         positive = float(np.mean(labels.column("advantage").to_numpy(zero_copy_only=False)))

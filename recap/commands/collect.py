@@ -171,23 +171,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             check_required(step)
         options = env_options(args.env_options)
         make_env, expert = environment(args, options)
-        sharded = distributed.env_world_size() > 1  # under the launcher: each rank its shard
-        if sharded:
-            distributed.init()
-        model, data, run = load_run(args.run_dir)
-        policy = ChunkAdapter(model, data, args.beta, args.num_steps, args.noise_seed,
-                              args.guidance)  # fmt: skip
-        record = {"run_dir": str(run), "beta": args.beta, "guidance": args.guidance,
-                  "conditioning": data.conditioning, "env": args.env,
-                  "env_options": options}  # fmt: skip
-        drift = ActionDrift(args.drift, dims=drift_dims(args.env))
-        summary = collect(policy, make_env, args.episodes, args.seed, args.out, expert=expert,
-                          drift=drift, takeover_steps=args.takeover_steps,
-                          replan_steps=args.replan_steps, num_envs=args.num_envs,
-                          naming=args.naming, image_dtype=args.image_dtype, record=record,
-                          sharded=sharded)  # fmt: skip
-        if sharded:
-            distributed.shutdown()
+        with distributed.launched() as sharded:  # under the launcher: each rank its shard
+            model, data, run = load_run(args.run_dir)
+            policy = ChunkAdapter(model, data, args.beta, args.num_steps, args.noise_seed,
+                                  args.guidance)  # fmt: skip
+            record = {"run_dir": str(run), "beta": args.beta, "guidance": args.guidance,
+                      "conditioning": data.conditioning, "env": args.env,
+                      "env_options": options}  # fmt: skip
+            drift = ActionDrift(args.drift, dims=drift_dims(args.env))
+            summary = collect(policy, make_env, args.episodes, args.seed, args.out,
+                              expert=expert, drift=drift, takeover_steps=args.takeover_steps,
+                              replan_steps=args.replan_steps, num_envs=args.num_envs,
+                              naming=args.naming, image_dtype=args.image_dtype, record=record,
+                              sharded=sharded)  # fmt: skip
     except RecapError as exc:
         print(f"error: {one_line(exc)}", file=sys.stderr)
         return 2

@@ -7,6 +7,7 @@ so DeepSpeed does not go looking for MPI).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import warnings
@@ -66,6 +67,20 @@ def init() -> None:
 
     deepspeed.init_distributed(dist_backend=accelerator.comm_backend(), verbose=False)
     accelerator.set_device(int(os.environ["LOCAL_RANK"]))
+
+
+@contextlib.contextmanager
+def launched() -> Iterator[bool]:
+    """Whether this process runs under a launcher (``WORLD_SIZE`` > 1: each rank then takes its
+    share of the work), with the process group set up for the block and torn down after it
+    (:func:`init`, :func:`shutdown`). An error leaves the group to the process's exit: a barrier
+    after one rank failed would wait for ranks that never come."""
+    sharded = env_world_size() > 1
+    if sharded:
+        init()
+    yield sharded
+    if sharded:
+        shutdown()
 
 
 def is_initialized() -> bool:

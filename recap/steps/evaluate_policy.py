@@ -99,67 +99,40 @@ def evaluate_policy(
         options["state_targets"] = reach_state_targets(processor, state_targets)
     make_env, _ = env_factory(env, max_steps=max_steps if env == "reach" else None,
                               options=options, field="evaluate_policy.env")  # fmt: skip
-    sharded = distributed.env_world_size() > 1  # under a launcher: each rank its share
-    if sharded:
-        distributed.init()
-    try:
-        return _evaluate(
-            model,
-            processor,
-            run,
-            betas,
-            num_episodes,
-            seed,
-            batch_size,
-            num_steps,
-            noise_seed,
-            guidance,
-            env,
-            make_env,
-            replan_steps,
-            sharded,
-        )
-    finally:
-        if sharded:
-            distributed.shutdown()
+    # under a launcher each rank runs episode k when k % world size is its rank (the merged
+    # outcomes on every rank) and rank 0 writes the record: the file one process writes
+    with distributed.launched() as sharded:
+        results, outcomes, headings = {}, {}, {}
+        for beta in betas:
+            start = time.perf_counter()
 
+            def policy_at(b: float) -> ChunkAdapter:
+                # whole chunks: the loop executes replan_steps of each (1: the first action, as
+                # PolicyAdapter returns, from the same noise draw)
+                return ChunkAdapter(model, processor, b, num_steps, noise_seed, guidance)
 
-def _evaluate(model, processor, run, betas, num_episodes, seed, batch_size, num_steps, noise_seed,
-              guidance, env, make_env, replan_steps, sharded) -> dict[str, float]:  # fmt: skip
-    """:func:`evaluate_policy`'s episodes and record; ``sharded``: episode k on rank
-    k % world size (``recap.envs.rollout.shard``), the merged outcomes on every rank, the record
-    written by rank 0 (the same file as one process writes for the same seeds)."""
-    results, outcomes, headings = {}, {}, {}
-    for beta in betas:
-        start = time.perf_counter()
-
-        def policy_at(b: float) -> ChunkAdapter:
-            # whole chunks: the loop executes replan_steps of each (1: the first action, as
-            # PolicyAdapter returns, from the same noise draw)
-            return ChunkAdapter(model, processor, b, num_steps, noise_seed, guidance)
-
-        with torch.no_grad():
-            out = evaluate(policy_at, make_env, num_episodes, seed, [float(beta)], replan_steps,
-                           batch_size, sharded)  # fmt: skip
-        key = f"beta_{float(beta):g}"
-        results[key], outcomes[key] = out["success"][key], out["outcomes"][key]
-        heading = out["metrics"].get("heading", {}).get(key)
-        headings[key] = round(heading, 6) if heading is not None else None
-        seconds = time.perf_counter() - start
-        shown = f", heading {heading:.3f}" if heading is not None else ""
-        log.info(f"{run.name}: beta {float(beta):g}: success {results[key]:.3f} over "
-                 f"{num_episodes} episodes{shown} ({seconds:.0f} s)")  # fmt: skip
-    record = {"env": env, "conditioning": processor.conditioning, "num_episodes": num_episodes,
-              "seed": seed, "guidance": guidance, "success": results, "heading": headings,
-              "outcomes": outcomes}  # fmt: skip
-    if processor.conditioning not in PLAIN:
-        record["sensitivity"] = conditioning_sensitivity(
-            model, processor, seed, num_steps, noise_seed, env=make_env)  # fmt: skip
-        log.info(f"{run.name}: conditioning sensitivity {record['sensitivity']}")
-    if distributed.rank() == 0:
-        text = json.dumps(record, indent=2) + "\n"
-        write_atomic({run / RESULTS_FILE: lambda p: p.write_text(text)})
-    return results
+            with torch.no_grad():
+                out = evaluate(policy_at, make_env, num_episodes, seed, [float(beta)], replan_steps,
+                               batch_size, sharded)  # fmt: skip
+            key = f"beta_{float(beta):g}"
+            results[key], outcomes[key] = out["success"][key], out["outcomes"][key]
+            heading = out["metrics"].get("heading", {}).get(key)
+            headings[key] = round(heading, 6) if heading is not None else None
+            seconds = time.perf_counter() - start
+            shown = f", heading {heading:.3f}" if heading is not None else ""
+            log.info(f"{run.name}: beta {float(beta):g}: success {results[key]:.3f} over "
+                     f"{num_episodes} episodes{shown} ({seconds:.0f} s)")  # fmt: skip
+        record = {"env": env, "conditioning": processor.conditioning, "num_episodes": num_episodes,
+                  "seed": seed, "guidance": guidance, "success": results, "heading": headings,
+                  "outcomes": outcomes}  # fmt: skip
+        if processor.conditioning not in PLAIN:
+            record["sensitivity"] = conditioning_sensitivity(
+                model, processor, seed, num_steps, noise_seed, env=make_env)  # fmt: skip
+            log.info(f"{run.name}: conditioning sensitivity {record['sensitivity']}")
+        if distributed.rank() == 0:
+            text = json.dumps(record, indent=2) + "\n"
+            write_atomic({run / RESULTS_FILE: lambda p: p.write_text(text)})
+        return results
 
 
 def reach_state_targets(data, state_targets: bool | None = None) -> bool:
