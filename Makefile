@@ -41,7 +41,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=30 tests
 
 # Not part of `make test` / CI: PyPI's torch 2.6.0 for x86_64 is the CUDA build (3 GB of
 # wheels, 6.4 GB installed; it runs on the CPU), and the suite runs as long as `make test`.

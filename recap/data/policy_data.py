@@ -256,6 +256,13 @@ class PolicyDataset(Dataset):
             image_size=image_size, cameras=self.sources[0].frames.key_map.cameras,
             max_length=max_length, state_names=self._state_names(),
         ).use_tokenizer(tokenizer)  # fmt: skip
+        need, task = self.processor.longest_prompt(t for s in self.sources for t in set(s.tasks))
+        if need > max_length:  # a cut prompt loses the label or the action cue: refuse up front
+            raise RecapError(f"policy_data.max_length = {max_length}: the prompts of task "
+                             f"{task!r} take up to {need} tokens (BOS, task"
+                             f"{', state' if state_in_prompt else ''}"
+                             f"{', label' if conditioning not in PLAIN else ''}); bind "
+                             f"policy_data.max_length = {need} or more")  # fmt: skip
 
     def _state_names(self) -> tuple[str, ...]:
         """The state feature's names in the first dataset's info.json (empty when unnamed)."""

@@ -29,7 +29,7 @@ import dataclasses
 import json
 import os
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -52,6 +52,7 @@ from recap.processing.prompts import (
     OPENPI,
     PLAIN,
     POSITIVE_ONLY,
+    STATE_BINS,
     Prompt,
     check_label_position,
     check_style,
@@ -217,28 +218,56 @@ class Pi05Processor:
 
     def prompt_tokens(self, prompt: Prompt) -> list[int]:
         """BOS + each segment's ids, untruncated; each distinct prompt encoded once."""
-        cached = self._cache.get(prompt)
-        if cached is not None:
-            return cached
+        tokens = self._cache.get(prompt)
+        if tokens is None:
+            tokens = self._cache[prompt] = self._encode(prompt)
+        return tokens
+
+    def _encode(self, prompt: Prompt) -> list[int]:
         tokenizer = self.load_tokenizer()
         with self._lock:
             ids = tokenizer(list(prompt), add_special_tokens=False)["input_ids"]
-        tokens = [tokenizer.bos_token_id, *(t for part in ids for t in part)]
-        self._cache[prompt] = tokens
-        return tokens
+        return [tokenizer.bos_token_id, *(t for part in ids for t in part)]
 
     def tokenize(self, prompts: Sequence[Prompt]) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(ids int64[n, L], mask bool[n, L])``: each prompt's tokens cut to ``max_length``
-        (one warning line), right-padded with 0 to the longest, L >= 1."""
-        from recap.processing.transforms import log, pad_token_rows
+        """``(ids int64[n, L], mask bool[n, L])``: each prompt's tokens right-padded with 0 to the
+        longest, L >= 1. A prompt longer than ``max_length`` is a ``RecapError``: cutting it
+        would cut the advantage label or the action cue the policy was trained to read (training
+        checks every prompt its data can make up front: ``longest_prompt``)."""
+        from recap.processing.transforms import pad_token_rows
 
-        rows = []
-        for prompt in prompts:
-            tokens = self.prompt_tokens(prompt)
+        rows = [self.prompt_tokens(prompt) for prompt in prompts]
+        for prompt, tokens in zip(prompts, rows):
             if len(tokens) > self.max_length:
-                log.warning("prompt of %d tokens truncated to %d", len(tokens), self.max_length)
-            rows.append(tokens[: self.max_length])
+                raise RecapError(f"prompt {''.join(prompt)!r}: {len(tokens)} tokens, more than "
+                                 f"the policy's max_length {self.max_length} "
+                                 "(policy_data.max_length); train with a longer max_length or "
+                                 "shorten the task text")  # fmt: skip
         return pad_token_rows(rows)
+
+    def longest_prompt(self, tasks: Iterable[str]) -> tuple[int, str]:
+        """``(tokens, task)``: the most tokens a prompt of one of ``tasks`` can take, and that
+        task. Every label this processor's conditioning prompts with counts (none for the plain
+        modes), and with the state in the prompt every dimension at its longest bin text (the
+        bin whose all-dimensions prompt is longest: -1 below the statistics' range, 0..255
+        inside; bins are space-separated, so each dimension's text is tokenized on its own): the
+        bound no frame, rollout or request of these tasks can exceed."""
+        tasks = sorted(set(tasks))
+        if not tasks:
+            return 0, ""
+        labels = (None,) if self.plain_only else (None, True, False)
+        state = None
+        if self.state_in_prompt:
+            width = {}
+            for v in range(-1, STATE_BINS):  # the normalized value at the centre of bin v
+                value = -2.0 if v < 0 else -1.0 + (v + 0.5) * 2.0 / STATE_BINS
+                row = np.full(self.state_dim, value)
+                width[len(self._encode(self.prompt(tasks[0], None, row)))] = row
+            state = width[max(width)]
+        need = {task: max(len(self._encode(self.prompt(task, label, state)))
+                          for label in labels) for task in tasks}  # fmt: skip
+        task = max(tasks, key=lambda t: need[t])
+        return need[task], task
 
     # ---- state, actions -------------------------------------------------------------------
 

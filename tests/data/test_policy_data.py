@@ -298,3 +298,39 @@ def test_filtered_behaviour_cloning_keeps_only_positive_frames_with_plain_prompt
     assert kept == set(zip(paper.source_of[positives].tolist(), paper.row_of[positives].tolist()))
     assert all("advantage" not in t for t in texts(filtered, list(range(len(filtered)))))
     assert "conditional" not in filtered.__getitems__([0, 1])
+
+
+def test_a_max_length_that_can_cut_a_prompt_is_refused_before_training(data):
+    """The bound is every label and every state bin at its longest (the demo's word tokenizer:
+    "-1", below the statistics' range, takes two words): 32 with the label, 29 without; one
+    token less is a one-line error naming the binding and the fix, and a prompt longer than the
+    processor's max_length (a new task at inference) is refused, never cut."""
+    specs = parse_dataset_specs([{"name": "sft", "root": "sft", "type": "sft"},
+                                 {"name": "rollout", "root": "rollout"}], data)  # fmt: skip
+    tok = load_tokenizer(data / "tokenizer")
+    common = dict(image_size=32, action_horizon=H, state_in_prompt=True)
+    fits = PolicyDataset(specs, TAG, tok, max_length=32, **common)
+    assert fits.processor.longest_prompt(["reach the blue target"]) == (32, "reach the blue target")
+    batch = fits.__getitems__(list(range(len(fits))))
+    assert int(batch["attention_mask"].sum(1).max()) == 25  # what this data's frames take
+    assert PolicyDataset(specs, TAG, tok, max_length=29, conditioning="none",
+                         **common).processor.longest_prompt(["reach the blue target"])[0] == 29
+    with pytest.raises(RecapError) as err:
+        PolicyDataset(specs, TAG, tok, max_length=31, **common)
+    assert str(err.value) == (
+        "policy_data.max_length = 31: the prompts of task 'reach the blue target' take up to 32 "
+        "tokens (BOS, task, state, label); bind policy_data.max_length = 32 or more"
+    )
+    with pytest.raises(RecapError, match=r"^policy_data.max_length = 28: .* up to 29 tokens "
+                                         r"\(BOS, task, state\); bind"):
+        PolicyDataset(specs, TAG, tok, max_length=28, conditioning="none", **common)
+    short = fits.processor.replace(max_length=7)
+    prompt = short.prompt("reach the blue target", True, None)  # openpi's prompt without state
+    assert len(short.prompt_tokens(prompt)) == 8
+    with pytest.raises(RecapError) as err:
+        short.tokenize([prompt])
+    assert str(err.value) == (
+        "prompt 'reach the blue target Advantage: positive\\n': 8 tokens, more than the "
+        "policy's max_length 7 (policy_data.max_length); train with a longer max_length or "
+        "shorten the task text"
+    )
