@@ -61,7 +61,7 @@ from pathlib import Path
 import gin
 
 from recap import logs
-from recap.envs.factory import ENVS, EXPERTS
+from recap.envs.factory import ENVS, EXPERTS, known_env
 from recap.errors import RecapError
 from recap.io import write_json
 from recap.pipeline import (
@@ -181,8 +181,7 @@ class IterateConfig:
             raise RecapError(f"iterate.episodes: {self.episodes}; collect at least one episode")
         if self.replan_steps < 1 or self.num_envs < 1 or self.takeover_steps < 1:
             raise RecapError("iterate.replan_steps / num_envs / takeover_steps: use >= 1")
-        module, _, attr = self.env.partition(":")
-        if self.env not in ENVS and not (module and attr):
+        if not known_env(self.env):
             raise RecapError(f"iterate.env: {self.env!r}; use one of {list(ENVS)} or "
                              "'package.module:Factory'")  # fmt: skip
         if self.expert and self.env not in EXPERTS:

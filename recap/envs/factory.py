@@ -34,6 +34,13 @@ EXPERTS = ("reach", "metaworld")  # the environments with a scripted expert
 DRIFT_DIMS = {"reach": 2, "metaworld": 3}  # dx, dy / dx, dy, dz (not the gripper)
 
 
+def known_env(name: str) -> bool:
+    """Whether ``env_factory`` can build ``name``: one of ``ENVS`` or a ``package.module:Factory``
+    (whether that imports is known only when it is built)."""
+    module, _, attr = name.partition(":")
+    return name in ENVS or bool(module and attr)
+
+
 def drift_dims(name: str) -> int | None:
     """How many leading action entries the expert's takeover compares for env ``name`` (None:
     all the agent and expert actions share)."""
@@ -79,7 +86,7 @@ def env_factory(
     ``{field}_options``."""
     options = dict(options or {})
     module, _, attr = name.partition(":")
-    if name not in ENVS and not (module and attr):
+    if not known_env(name):
         raise RecapError(f"{field}: {name!r} is not one of {list(ENVS)} nor "
                          "'package.module:Factory'; name one of them")  # fmt: skip
     if expert and name not in EXPERTS:
