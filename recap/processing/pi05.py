@@ -247,8 +247,8 @@ class Pi05Processor:
 
     def longest_prompt(self, tasks: Iterable[str]) -> tuple[int, str]:
         """``(tokens, task)``: the most tokens a prompt of one of ``tasks`` can take, and that
-        task. Every label this processor's conditioning prompts with counts (none for the plain
-        modes), and with the state in the prompt every dimension at its longest bin text (the
+        task. Every label counts (positive, negative and none; none only for the plain modes),
+        and with the state in the prompt every dimension at its longest bin text (the
         bin whose all-dimensions prompt is longest: -1 below the statistics' range, 0..255
         inside; bins are space-separated, so each dimension's text is tokenized on its own): the
         bound no frame, rollout or request of these tasks can exceed."""
