@@ -216,7 +216,7 @@ class Trainer:
         grads = [p.grad.detach() for p in self.engine.module.parameters() if p.grad is not None]
         if not grads:
             return None
-        return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+        return torch.nn.utils.get_total_norm(grads)
 
     def _due(self, step: int, every: int) -> bool:
         return step == self.opts.max_steps or (every > 0 and step % every == 0)
