@@ -99,18 +99,18 @@ def evaluate_policy(
         options["state_targets"] = reach_state_targets(processor, state_targets)
     make_env, _ = env_factory(env, max_steps=max_steps if env == "reach" else None,
                               options=options, field="evaluate_policy.env")  # fmt: skip
+
+    def policy_at(b: float) -> ChunkAdapter:
+        # whole chunks: the loop executes replan_steps of each (1: the first action, as
+        # PolicyAdapter returns, from the same noise draw)
+        return ChunkAdapter(model, processor, b, num_steps, noise_seed, guidance)
+
     # under a launcher each rank runs episode k when k % world size is its rank (the merged
     # outcomes on every rank) and rank 0 writes the record: the file one process writes
     with distributed.launched() as sharded:
         results, outcomes, headings = {}, {}, {}
         for beta in betas:
             start = time.perf_counter()
-
-            def policy_at(b: float) -> ChunkAdapter:
-                # whole chunks: the loop executes replan_steps of each (1: the first action, as
-                # PolicyAdapter returns, from the same noise draw)
-                return ChunkAdapter(model, processor, b, num_steps, noise_seed, guidance)
-
             with torch.no_grad():
                 out = evaluate(policy_at, make_env, num_episodes, seed, [float(beta)], replan_steps,
                                batch_size, sharded)  # fmt: skip
