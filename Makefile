@@ -19,6 +19,9 @@ LEROBOT_PYTHON ?= $(or $(wildcard $(HOME)/.pyenv/versions/3.12.1/bin/python),pyt
 DEMO_DATA := demo_state
 DEMO_SFT_EPISODES := 1000
 DEMO_ROLLOUT_EPISODES := 600
+# pytest-xdist workers for `make test` (a test file is one unit; tests/conftest.py starts the
+# multi-process ones first). 2: the CI machine's cores.
+TEST_WORKERS ?= 2
 export DS_ACCELERATOR ?= cpu
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
@@ -41,7 +44,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest -q --durations=30 tests
+	$(PY) -m pytest -q --durations=30 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests
 
 # Not part of `make test` / CI: PyPI's torch 2.6.0 for x86_64 is the CUDA build (3 GB of
 # wheels, 6.4 GB installed; it runs on the CPU), and the suite runs as long as `make test`.

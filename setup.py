@@ -76,6 +76,7 @@ setup(
         # it with --no-deps; typing_extensions is the import it forgets to declare.
         "dev": [
             "pytest>=7",
+            "pytest-xdist>=3.6",  # make test: -n, --dist loadfile, --no-loadscope-reorder
             "hypothesis>=6",
             "ruff>=0.5",
             "import-linter>=2.1",  # lint-imports: the layering contracts in .importlinter

@@ -28,3 +28,30 @@ def fresh_standins(standins_source) -> Callable[[Path], object]:
         return StandIns.at(dest)
 
     return copy
+
+
+# `make test` runs the suite on TEST_WORKERS pytest-xdist workers (2, the CI machine's cores) with
+# `--dist loadfile --no-loadscope-reorder`: a file is one unit of work (its module fixtures run
+# once), and the files that launch multi-process runs start first, heaviest first (as measured
+# one after another on 2 cores), so that no worker is left running one of them alone at the end
+# while the other has finished. A renamed file only loses its place; nothing depends on it.
+HEAVY_FIRST = (
+    "tests/test_rehearsal.py",  # ~180 s: the LIBERO pipeline on 2 ranks, two nodes, LoRA
+    "tests/test_iterate.py",  # ~120 s
+    "tests/test_pipeline.py",  # ~110 s
+    "tests/test_rehearsal_aloha.py",  # ~65 s
+    "tests/engine/test_ema.py",  # ~55 s
+    "tests/engine/test_errors.py",  # ~50 s
+    "tests/test_rehearsal_rlinf.py",  # ~45 s
+    "tests/engine/test_lora_engine.py",  # ~40 s
+    "tests/engine/test_multinode.py",  # ~35 s
+    "tests/engine/test_memory_auto.py",  # ~30 s
+    "tests/steps/test_train_policy.py",  # ~30 s
+    "tests/engine/test_tracking_e2e.py",  # ~25 s
+    "tests/test_mlflow_ui.py",  # ~25 s
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {path: i for i, path in enumerate(HEAVY_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable
