@@ -42,9 +42,10 @@ from recap.engine.deepspeed_config import (
     lr_scheduler_factory,
     param_groups,
 )
-from recap.engine.tracking import Tracker
 from recap.engine.trainer import LoopOptions, Trainer, build_model
 from recap.models.toy import toy_data, toy_model
+from recap.ports import free_port
+from recap.tracking import Tracker
 
 RANKS, GLOBAL, MICRO, WARMUP = 2, 16, 4, 3
 STAGES = (0, 1, 2, 3)
@@ -175,7 +176,7 @@ def main() -> None:
     env = {**os.environ, "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu")}
     root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
-    cmd = [launcher, "--num_gpus", str(RANKS), "--master_port", str(distributed.free_port()),
+    cmd = [launcher, "--num_gpus", str(RANKS), "--master_port", str(free_port()),
            __file__, "--steps", str(args.steps), "--rounds", str(args.rounds)]  # fmt: skip
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     lines = [line for line in done.stdout.splitlines() if not line.startswith("[")]

@@ -73,7 +73,7 @@ from pathlib import Path
 import numpy as np
 
 from recap.core.bootstrap import paired_bootstrap, rate_interval
-from recap.engine.distributed import free_port
+from recap.ports import free_port
 
 SFT_ONLY = '{"name": "sft", "root": "sft", "type": "sft"}'
 ARMS = {
@@ -489,7 +489,7 @@ def log_run(name: str, work: Path, tags: dict, metrics: dict, step: int, lines: 
             figures: dict, png: Path) -> None:  # fmt: skip
     """One MLflow run ``name`` (experiment ``bench``): the metrics, the table as
     ``{name}.txt``, the figures as ``{name}.json`` and the PNG."""
-    from recap.engine.tracking import Tracker
+    from recap.tracking import Tracker
 
     tracker = Tracker(experiment="bench", run_name=name)
     tracker.start(work / "runs" / "bench_record", name, tags=tags)

@@ -619,7 +619,7 @@ def track_iteration(
 ) -> str:
     """One MLflow run per iteration, tagged with k: the pipeline's summary figures, the
     collection's, the stage fingerprints. Returns the tracking URI."""
-    from recap.engine.tracking import Tracker
+    from recap.tracking import Tracker
 
     tracker = Tracker(settings.experiment, run_name=it.config.name,
                       sweep_name=it.config.sweep_name)  # fmt: skip
@@ -668,7 +668,7 @@ def run_iterations(
     if boot is not None:
         log.info(f"==== iteration 0: policy 0, the baseline ({Path(start.run_dir).name})")
         run_pipeline(boot, scoped, planned=boot_plan)
-    from recap.engine.tracking import Tracker
+    from recap.tracking import Tracker
 
     records, uri = [], Tracker(settings.experiment).uri  # where the runs are (all skipped too)
     total = len(iterations)

@@ -345,7 +345,7 @@ def command(item: Planned, config: PipelineConfig) -> tuple[list[str], dict[str,
     sets its own up in ``distributed.init``): ``deepspeed --num_gpus N --master_port P --module
     MODULE`` (plus the multi-node flags that are set) or ``python -m MODULE``, so an installed
     recap needs no checkout."""
-    from recap.engine.distributed import free_port
+    from recap.ports import free_port
 
     module = item.stage.module
     flags = [a for f in item.files for a in ("--gin_file", f)]

@@ -43,7 +43,7 @@ CONFIGURABLES: dict[str, str] = {
     "toy_data": "recap.models.toy",
     "toy_model": "recap.models.toy",
     "train": "recap.steps.train",
-    "Tracker": "recap.engine.tracking",
+    "Tracker": "recap.tracking",
     "value_data": "recap.data.datasets",
     "value_model": "recap.models.value",
 }

@@ -90,7 +90,7 @@ def launch_two_nodes(args: list[str], cwd: Path, logs: Path, timeout: int = 600)
     the two nodes' logs (also in ``{logs}.node0.log`` / ``.node1.log``)."""
     import subprocess
 
-    from recap.engine.distributed import free_port
+    from recap.ports import free_port
 
     hosts, port = {"node0": [0], "node1": [0]}, free_port()
     paths = [logs.with_name(f"{logs.name}.node{node}.log") for node in (0, 1)]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -17,8 +16,9 @@ import gin
 import pytest
 from mlflow import MlflowClient
 
-from recap.engine.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, Tracker, ui_address
 from recap.pipeline import load_pipeline, plan, split_params
+from recap.ports import free_port
+from recap.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, Tracker, ui_address
 from recap.workflow.report import summary_metrics, track
 from tests.chromium import CHROMIUM_MISSING, browser, chromium_path
 
@@ -136,12 +136,6 @@ def test_sweep_summary_runs_carry_the_swept_binding_and_figures(sweep):
         assert metrics["wall_s/policy"] == 13.0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _wait_http(url: str, proc: subprocess.Popen, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -164,7 +158,7 @@ def _click(page, selector: str) -> None:
 @pytest.mark.skipif(chromium_path() is None, reason=CHROMIUM_MISSING)
 def test_mlflow_ui_compares_two_sweep_runs_in_chromium(sweep, tmp_path):
     uri, run_ids = sweep
-    port = _free_port()
+    port = free_port()
     mlflow = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri,
               "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]  # fmt: skip
     with open(tmp_path / "mlflow-ui.log", "w") as log:

@@ -394,7 +394,7 @@ def lora(rehearsal, tmp_path_factory):
     """``experiments/libero_value_lora.gin`` and ``libero_pi05_lora.gin`` as shipped, launched on 2
     ranks with the commands the pipeline ran for value and policy (the same stand-ins, tiny sizes
     and Step 3 labels), the experiment file swapped; both at once. Run directories by stage."""
-    from recap.engine.distributed import free_port
+    from recap.ports import free_port
 
     _, runs, out, _ = rehearsal
     tmp = tmp_path_factory.mktemp("rehearsal_lora")

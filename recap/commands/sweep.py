@@ -31,8 +31,8 @@ from pathlib import Path
 
 import recap.sweep
 from recap.cli import parse_gin
-from recap.engine.distributed import free_port
 from recap.errors import RecapError
+from recap.ports import free_port
 from recap.sweep import binding as _binding
 from recap.sweep import label as _label
 from recap.sweep import points

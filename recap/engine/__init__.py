@@ -8,7 +8,6 @@
 - ``inference``: sharded batched inference merged on rank 0; loading exported weights.
 - ``loader``: the one DataLoader construction (training, inference and the frame-loader
   benchmark), whole batches per worker call; in-order passes give each worker a contiguous block.
-- ``tracking``: MLflow on rank 0.
 - ``protocol``: what the engine needs from a model (it imports nothing of ``recap.models``).
 - ``memory``: the per-rank memory plan of a ZeRO-3 run (``recap-plan-memory``).
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,13 +19,7 @@ import torch
 from recap.engine import accelerator
 from recap.engine.loader import batch_loader
 from recap.errors import RecapError
-
-
-def free_port() -> int:
-    """A TCP port free on this host now (for MASTER_PORT / ``deepspeed --master_port``)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from recap.ports import free_port
 
 
 def ensure_env() -> None:

@@ -40,7 +40,7 @@ from recap.engine.deepspeed_config import (
 from recap.engine.ema import WeightEMA
 from recap.engine.inference import predict
 from recap.engine.protocol import EvalFigures, EvalSummaries
-from recap.engine.tracking import Tracker
+from recap.tracking import Tracker
 
 log = logs.get(__name__)
 

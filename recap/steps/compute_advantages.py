@@ -62,7 +62,6 @@ from recap.data.sidecars import (
 from recap.data.specs import DatasetSpec, parse_dataset_specs
 from recap.engine import accelerator, distributed
 from recap.engine.inference import predict, shard_positions
-from recap.engine.tracking import RUN_FILE, Tracker
 from recap.errors import RecapError
 from recap.loading import load_value, value_weights
 from recap.models.value import ValueModel
@@ -70,6 +69,7 @@ from recap.processing.pi05 import PROCESSOR_FILE
 from recap.processing.transforms import load_tokenizer
 from recap.processing.value import read_value_processor
 from recap.steps.relabel import frame_columns
+from recap.tracking import RUN_FILE, Tracker
 
 log = logs.get(__name__)
 # Code version in the fingerprints of this step's stages: bump it when its results change (those

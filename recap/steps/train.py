@@ -21,9 +21,9 @@ import recap.models.value  # noqa: F401  (registers value_model with gin)
 from recap import logs
 from recap.engine import distributed
 from recap.engine.deepspeed_config import check_nvme_offload, deepspeed_config
-from recap.engine.tracking import Tracker
 from recap.engine.trainer import FitResult, LoopOptions, fit
 from recap.errors import RecapError
+from recap.tracking import Tracker
 
 log = logs.get(__name__)
 # Code version in the fingerprints of this step's stages: bump it when its results change (those

@@ -126,7 +126,7 @@ def _headline(report: dict[str, dict]) -> list[tuple[str, str]]:
 def track(config: PipelineConfig, scoped: dict[str, list[str]], report: dict[str, dict]) -> str:
     """One MLflow run per pipeline configuration (experiment ``config.experiment``): the step
     bindings as params, the summary as metrics. Returns the tracking URI."""
-    from recap.engine.tracking import Tracker
+    from recap.tracking import Tracker
 
     key = hashlib.sha256("".join(e["fingerprint"] for e in report.values()).encode()).hexdigest()
     run_dir = config.run_root / "pipelines" / f"{config.name}-{key[:12]}"
@@ -223,6 +223,6 @@ def _value_panel(ax, report: dict[str, dict]) -> None:
 
 def ui_address(uri: str, experiment: str) -> str:
     """The MLflow UI page of the experiment's runs (model training view)."""
-    from recap.engine.tracking import ui_address as address
+    from recap.tracking import ui_address as address
 
     return address(uri, experiment)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from recap.engine.distributed import free_port
+from recap.ports import free_port
 from tests.helpers import REPO, deepspeed_local, launch_env
 
 PY = sys.executable

@@ -105,7 +105,7 @@ def master_weights(run_dir, step: int) -> dict[str, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def ema_run(tmp_path_factory) -> dict:
-    from recap.engine.distributed import free_port
+    from recap.ports import free_port
 
     tmp = tmp_path_factory.mktemp("ema")
     run_dir = tmp / "run"
@@ -231,8 +231,8 @@ class Engine(torch.nn.Module):
 
 
 def test_evaluation_during_training_reads_the_ema_weights(tmp_path):
-    from recap.engine.tracking import Tracker
     from recap.engine.trainer import LoopOptions, Trainer
+    from recap.tracking import Tracker
 
     model = Scale()
     ema = WeightEMA(model, 0.5)  # average 1.0

@@ -21,9 +21,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from recap.engine.distributed import free_port
 from recap.models import adapters
 from recap.models.adapters import LoraOptions
+from recap.ports import free_port
 from tests.engine.conftest import PY, REPO, run
 from tests.helpers import deepspeed_local
 

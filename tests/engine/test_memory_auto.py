@@ -185,7 +185,7 @@ def test_a_toy_run_with_auto_logs_the_stage_it_used(tmp_path):
 
 def test_two_ranks_with_different_memory_resolve_one_stage(tmp_path):
     # rank 0 alone would pick ZeRO-0 (64 GiB), rank 1 alone ZeRO-3 (6 GiB): both plan for 6
-    from recap.engine.distributed import free_port
+    from recap.ports import free_port
     from tests.helpers import deepspeed_local
 
     cmd = [*deepspeed_local(2, free_port()),

@@ -78,8 +78,8 @@ def test_logged_step_time_excludes_a_checkpoint_saved_inside_the_window(monkeypa
     from recap.engine import accelerator
     from recap.engine import checkpointing as ckpt
     from recap.engine import trainer as trainer_module
-    from recap.engine.tracking import Tracker
     from recap.engine.trainer import LoopOptions, Trainer
+    from recap.tracking import Tracker
 
     device = FakeDevice()
 

@@ -90,7 +90,7 @@ def test_two_ranks_collect_the_unsharded_dataset(run, alone, tmp_path):
     import subprocess
     from pathlib import Path
 
-    from recap.engine.distributed import free_port
+    from recap.ports import free_port
     from tests.envs.test_metaworld import assert_same_dataset
     from tests.helpers import deepspeed_local, launch_env
 

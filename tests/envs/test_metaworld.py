@@ -302,8 +302,8 @@ def test_sharded_evaluation_and_collection_match_the_unsharded_run(tmp_path):
     episodes; the merged outcomes and the collected dataset are the unsharded run's."""
     import subprocess
 
-    from recap.engine.distributed import free_port
     from recap.envs import ActionDrift, collect, evaluate
+    from recap.ports import free_port
     from tests.helpers import deepspeed_local, launch_env
 
     script = tmp_path / "sharded.py"

@@ -21,7 +21,7 @@ import gin
 import pytest
 import torch
 
-from recap.engine.distributed import free_port
+from recap.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 DEEPSPEED = str(Path(sys.executable).with_name("deepspeed"))

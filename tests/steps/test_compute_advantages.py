@@ -26,12 +26,12 @@ from recap.data.sidecars import read_advantages, read_returns
 from recap.data.specs import parse_dataset_specs
 from recap.data.transforms import load_tokenizer
 from recap.engine.checkpointing import save_exported
-from recap.engine.distributed import free_port
 from recap.engine.inference import merge_shards, shard_positions
 from recap.engine.loader import worker_order
 from recap.envs.reach import write_demo_datasets, write_demo_tokenizer
 from recap.errors import RecapError
 from recap.models.value import value_model
+from recap.ports import free_port
 from recap.steps.compute_advantages import compute_advantages
 from recap.steps.compute_returns import compute_returns
 from recap.steps.relabel import relabel

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from recap.commands.evaluate_policy import main
-from recap.engine.distributed import free_port
 from recap.envs.base import EnvSpec
 from recap.envs.factory import env_factory
 from recap.errors import RecapError
+from recap.ports import free_port
 from tests.helpers import REPO, deepspeed_local, launch_env
 from tests.serve.test_record import write_reach_policy
 

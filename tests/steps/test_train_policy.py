@@ -16,10 +16,10 @@ import torch
 import recap.steps.train  # noqa: F401  (registers the train step and the policy configurables)
 from recap.cli import parse_gin
 from recap.data.policy_data import policy_data
-from recap.engine.distributed import free_port
 from recap.engine.inference import load_exported
 from recap.envs.reach import write_demo_datasets, write_demo_tokenizer
 from recap.models.pi05 import frames_to_images, pi05_policy
+from recap.ports import free_port
 from recap.steps.evaluate_policy import PolicyAdapter, evaluate_policy
 from tests.data.test_policy_data import write_test_advantages
 from tests.helpers import REPO, deepspeed_local, launch_env

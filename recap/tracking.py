@@ -1,5 +1,9 @@
 """MLflow tracking on rank 0 only; any MLflow failure is a warning, never a crash.
 
+Outside the engine: the pipeline, recap-iterate and the sweeps log their own runs with it without
+importing torch or selecting an accelerator (the rank is the process group's when this process
+has one, else the launcher's ``RANK``).
+
 Store: ``Tracker.tracking_uri`` (gin) > ``MLFLOW_TRACKING_URI`` > ``sqlite:///mlflow.db`` in the
 working directory, with artifacts in ``mlruns/`` beside the database. A run records: params = the
 gin bindings (flattened, ``scope/name.param``), tags = pipeline step, git commit, sweep name,
@@ -18,6 +22,7 @@ import functools
 import json
 import os
 import subprocess
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -26,7 +31,6 @@ from typing import Any
 import gin
 
 from recap.config_check import config_entries
-from recap.engine import distributed
 
 DEFAULT_URI = "sqlite:///mlflow.db"
 RUN_FILE = "mlflow_run.json"
@@ -90,6 +94,15 @@ def git_commit(directory: str | os.PathLike | None = None) -> str:
         return "unknown"
 
 
+def is_main_process() -> bool:
+    """Rank 0: of the process group when this process has one (torch.distributed, if torch is
+    loaded at all), else of the launcher (``RANK``, unset in a plain process)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist.get_rank() == 0
+    return int(os.environ.get("RANK", "0")) == 0
+
+
 def _safe(method):
     """Run a tracker method on rank 0 when enabled; turn any exception into a warning."""
 
@@ -129,7 +142,7 @@ class Tracker:
 
     @property
     def active(self) -> bool:
-        return self.enabled and distributed.is_main()
+        return self.enabled and is_main_process()
 
     def _experiment_id(self) -> str:
         """The experiment's id, created (or, made by an older recap, tagged) as a model

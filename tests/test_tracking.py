@@ -7,7 +7,7 @@ import warnings
 import gin
 import pytest
 
-from recap.engine.tracking import Tracker, gin_bindings, git_commit
+from recap.tracking import Tracker, gin_bindings, git_commit
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -67,3 +67,16 @@ def test_only_rank_zero_tracks(tmp_path, monkeypatch):
 
 def test_git_commit_is_a_string():
     assert isinstance(git_commit(), str) and git_commit()
+
+
+def test_importing_tracking_and_ports_loads_neither_torch_nor_the_engine():
+    """The pipeline, recap-iterate and the sweeps log and pick ports without selecting an
+    accelerator (``recap.engine`` selects one when imported)."""
+    import subprocess
+    import sys
+
+    loaded = "[m for m in ('torch', 'deepspeed', 'recap.engine') if m in sys.modules]"
+    code = f"import sys, recap.tracking, recap.ports; print({loaded})"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
