@@ -100,6 +100,8 @@ class ValueDataset(Dataset):
         image_size: model image size; frames are resized (with padding) to it, kept uint8.
         key_maps: per dataset name, camera/state/action keys (default: detected).
         mixing: ``proportional`` or ``balanced`` (see module docstring).
+        max_length: token columns of a prompt (BOS included); a task whose prompt takes more is
+            refused here, in one line naming ``max_length_binding`` (the binding that set it).
     """
 
     def __init__(
@@ -115,6 +117,7 @@ class ValueDataset(Dataset):
         seed: int = 0,
         resize: str = RESIZE_ANTIALIAS,
         tokenizer_path: str | None = None,
+        max_length_binding: str = "value_data.max_length",
     ):
         if mixing not in MIXING:
             raise RecapError(f"value_data.mixing: {mixing!r} is not one of {list(MIXING)}")
@@ -132,6 +135,11 @@ class ValueDataset(Dataset):
             self.sources[0].frames.key_map.cameras if self.sources else (), NUM_CAMERAS,
             max_length,
         )  # fmt: skip
+        longest, prompt = ValueProcessor.longest_prompt(tokenizer, prompts)
+        if longest > max_length:  # before anything trains or labels: a cut prompt loses words
+            raise RecapError(f"{max_length_binding} = {max_length}: the prompt {prompt!r} takes "
+                             f"{longest} tokens (BOS included); bind {max_length_binding} = "
+                             f"{longest} or more")  # fmt: skip
         self.prompt_ids, self.prompt_mask = self.processor.tokenize(tokenizer, prompts)
         self.source_of, self.row_of = _virtual_index(
             [len(s.frames) for s in self.sources], [s.spec.weight for s in self.sources], mixing,

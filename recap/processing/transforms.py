@@ -13,7 +13,6 @@ Everything is vectorized over N; torchvision is not used. The models take camera
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 import string
@@ -26,8 +25,6 @@ import torch.nn.functional as F
 
 from recap.errors import RecapError
 from recap.processing.cameras import NUM_CAMERAS, is_wrist, slot_order  # noqa: F401  (one rule)
-
-log = logging.getLogger(__name__)
 
 IMAGE_SIZE = 224
 MAX_TOKENS = 200
@@ -136,7 +133,9 @@ def tokenize_prompts(
     tokenizer, prompts: Sequence[str | Sequence[str]], max_length: int = MAX_TOKENS
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(ids int64[B, max_length], mask bool[B, max_length])``: BOS + the prompt's tokens, right
-    padded with the pad id (0 when the tokenizer has none) and truncated to ``max_length``.
+    padded with the pad id (0 when the tokenizer has none). A prompt of more than ``max_length``
+    tokens (BOS included) is a ``RecapError``, never cut: cutting drops task words the model
+    would then never see.
 
     A prompt is a string or a tuple of segments (``conditioning.pi05_prompt``), each encoded on
     its own and concatenated after the one BOS: openpi's π0.5 prompt without state is
@@ -154,9 +153,10 @@ def tokenize_prompts(
     mask = torch.zeros((len(segments), max_length), dtype=torch.bool)
     for row, parts in enumerate(segments):
         tokens = [t for seg in parts for t in encoded[seg]]
-        seq = [bos, *tokens][:max_length]
-        if len(tokens) + 1 > max_length:
-            log.warning("prompt of %d tokens truncated to %d", len(tokens) + 1, max_length)
+        seq = [bos, *tokens]
+        if len(seq) > max_length:
+            raise RecapError(f"prompt {''.join(parts)!r}: {len(seq)} tokens (BOS included), more "
+                             f"than max_length {max_length}")  # fmt: skip
         ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
         mask[row, : len(seq)] = True
     return ids, mask

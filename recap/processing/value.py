@@ -6,7 +6,8 @@ run and by ``recap-import rlinf-value``; Step 2's data and Step 3 read the same 
 - images: camera slots (``cameras`` in slot order, else ``slot_order``) resized to
   ``image_size`` with ``resize``: ``antialias`` for recap's own runs, ``bilinear`` (no
   antialiasing) for RLinf's value models, whose preprocessing does not antialias;
-- prompt: ``"Task: {cleaned task}."`` tokenized with BOS, at most ``max_length`` tokens;
+- prompt: ``"Task: {cleaned task}."`` tokenized with BOS, at most ``max_length`` tokens (a longer
+  one is an error, never cut: the data refuses a short ``max_length`` before training);
 - values: ``return_range`` is the range the training targets were normalized with (Step 3
   normalizes its returns with the same map; None when unknown, e.g. an import without
   ``--return-range``: Step 3 then uses its datasets' range); the model's ``num_bins`` atoms span
@@ -97,7 +98,19 @@ class ValueProcessor:
         return build_prompt(task)
 
     def tokenize(self, tokenizer, prompts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """BOS + each prompt's tokens in ``max_length`` columns; a longer prompt is a
+        ``RecapError`` (``transforms.tokenize_prompts``), never cut."""
         return tokenize_prompts(tokenizer, prompts, self.max_length)
+
+    @staticmethod
+    def longest_prompt(tokenizer, prompts: Sequence[str]) -> tuple[int, str]:
+        """``(tokens, prompt)``: the most tokens one of ``prompts`` takes (BOS included), and
+        that prompt; ``(0, "")`` for none."""
+        unique = sorted(set(prompts))
+        if not unique:
+            return 0, ""
+        ids = tokenizer(unique, add_special_tokens=False)["input_ids"]
+        return max((len(tokens) + 1, prompt) for tokens, prompt in zip(ids, unique))
 
     def to_json(self, directory: str | os.PathLike | None = None) -> dict:
         out: dict = {"kind": VALUE_KIND}

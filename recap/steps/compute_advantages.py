@@ -132,7 +132,8 @@ def compute_advantages(
     model = model.to(device=accelerator.device(), dtype=PRECISIONS[precision])
     size = image_size or int(model.config.vision["image_size"])
     data = ValueDataset(plan.specs, returns_tag, plan.range, plan.tokenizer, size, max_length,
-                        resize=processor.resize)  # fmt: skip
+                        resize=processor.resize,
+                        max_length_binding="compute_advantages.max_length")  # fmt: skip
     begin = time.perf_counter()
     values = infer_values(model, data, batch_size, num_workers)
     if values is None:  # ranks other than 0 are done

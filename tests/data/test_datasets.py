@@ -7,7 +7,7 @@ from recap.core.normalize import ReturnRange
 from recap.data.datasets import ValueDataset, _virtual_index, training_return_range, value_data
 from recap.data.lerobot import LIBERO_KEYS
 from recap.data.specs import parse_dataset_specs
-from recap.data.transforms import load_tokenizer, write_word_tokenizer
+from recap.data.transforms import load_tokenizer, tokenize_prompts, write_word_tokenizer
 from recap.errors import DatasetError, RecapError
 from recap.steps.compute_returns import compute_returns
 from tests.helpers import FIXTURES, copy_fixture
@@ -124,3 +124,26 @@ def test_bad_mixing_and_split(data):
         ValueDataset(specs, "t", ReturnRange(-1, 0), tok, 32, mixing="even")
     with pytest.raises(RecapError, match="split: 'test'"):
         value_data(split="test", datasets=[], tokenizer_path=str(tok_dir))
+
+
+def test_a_max_length_that_would_cut_a_prompt_is_refused_before_training(data):
+    """Both tasks' prompts take 11 tokens (BOS and 10 words): max_length 10 would cut a word of
+    each; the data refuses it in one line naming the binding, and 11 is enough."""
+    root, tok, _ = data
+    specs = parse_dataset_specs([{"name": "r", "root": str(root)}])
+    rng = training_return_range(specs, "t")
+    with pytest.raises(RecapError) as err:
+        ValueDataset(specs, "t", rng, tok, 32, 10)
+    assert str(err.value) == (
+        "value_data.max_length = 10: the prompt 'Task: put the black bowl on the plate.' takes "
+        "11 tokens (BOS included); bind value_data.max_length = 11 or more"
+    )
+    with pytest.raises(RecapError, match=r"^compute_advantages.max_length = 4: the prompt "):
+        ValueDataset(specs, "t", rng, tok, 32, 4,
+                     max_length_binding="compute_advantages.max_length")  # fmt: skip
+    assert ValueDataset(specs, "t", rng, tok, 32, 11).prompt_ids.shape == (2, 11)
+    # below the data, the tokenizer refuses to cut as well
+    with pytest.raises(RecapError) as err:
+        tokenize_prompts(tok, ["Task: open the top drawer of the cabinet."], 10)
+    assert str(err.value) == ("prompt 'Task: open the top drawer of the cabinet.': 11 tokens (BOS "
+                              "included), more than max_length 10")  # fmt: skip
