@@ -38,7 +38,6 @@ def tokenizer(tmp_path_factory):
     [
         # <bos>=2 task=4 :=5 .=6 pick=7 up=8 the=9 bowl=10, pad 0
         ("Task: pick up the bowl.", 10, [2, 4, 5, 7, 8, 9, 10, 6, 0, 0], 8),
-        ("Task: pick up the bowl.", 4, [2, 4, 5, 7], 4),
         ("Task: .", 5, [2, 4, 5, 6, 0], 4),
     ],
 )
@@ -47,6 +46,15 @@ def test_tokenize_prompts(tokenizer, prompt, max_length, ids, length):
     assert out_ids.dtype == torch.int64 and mask.dtype == torch.bool
     assert out_ids[0].tolist() == ids
     assert mask[0].tolist() == [True] * length + [False] * (max_length - length)
+
+
+def test_a_prompt_longer_than_max_length_is_refused_not_cut(tokenizer):
+    with pytest.raises(RecapError) as err:  # 8 tokens with BOS: 4 columns would drop "up the bowl."
+        T.tokenize_prompts(tokenizer, ["Task: .", "Task: pick up the bowl."], 4)
+    assert str(err.value) == ("prompt 'Task: pick up the bowl.': 8 tokens (BOS included), more "
+                              "than max_length 4")  # fmt: skip
+    ids, mask = T.tokenize_prompts(tokenizer, ["Task: pick up the bowl."], 8)  # exactly enough
+    assert ids[0].tolist() == [2, 4, 5, 7, 8, 9, 10, 6] and bool(mask.all())
 
 
 def test_load_tokenizer_error_names_the_directory(tmp_path):
