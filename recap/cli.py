@@ -26,6 +26,7 @@ from pathlib import Path
 
 from recap import registry
 from recap.config_check import check_config_dicts, check_required, gin_error_line
+from recap.configurable import configured
 from recap.errors import RecapError, one_line
 
 
@@ -123,8 +124,8 @@ def run_command(step: Callable[[], object], argv: Sequence[str] | None = None) -
     args = build_parser(step.__doc__.splitlines()[0] if step.__doc__ else None).parse_args(argv)
     try:
         parse_gin(args.gin_file, args.gin_param)
-        check_required(step)  # every gin.REQUIRED value this call reaches, before it runs
-        step()
+        check_required(step)  # every REQUIRED value this call reaches, before it runs
+        configured(step)()
         if "torch.distributed" in sys.modules:  # a step that joined a process group leaves it
             from recap.engine import distributed
 

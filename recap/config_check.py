@@ -1,30 +1,32 @@
-"""Configuration checks made before anything runs: ``gin.REQUIRED`` resolved at plan time.
+"""Configuration checks made before anything runs: ``REQUIRED`` resolved at plan time. Part of
+the gin edge (with ``recap.registry`` and ``recap.cli``): library modules declare their
+configurables and required parameters through ``recap.configurable``, never gin.
 
-gin checks a ``gin.REQUIRED`` parameter only when its configurable is called, so a config that
-leaves one unbound parses cleanly and dies with a traceback hours later (Step 4 after Steps 1-3
-ran on 8 devices). ``missing_required(root)`` walks every configurable a call of ``root`` reaches
-(its gin references, in lists and dicts too, and configurable defaults such as
-``evaluate_policy``'s ``pi05_policy``), in the scopes gin would call them with, and returns
-the REQUIRED parameters left unbound, directly or through a macro that is itself
-``%gin.REQUIRED``. ``check_required`` turns the first into one line.
+A required parameter (``recap.configurable.REQUIRED``, or gin's own ``gin.REQUIRED``) is met
+only when its configurable is called, so a config that leaves one unbound parses cleanly and
+dies with a traceback hours later (Step 4 after Steps 1-3 ran on 8 devices).
+``missing_required(root)`` walks every configurable a call of ``root`` reaches (its gin
+references, in lists and dicts too, and defaults that are configurables), in the scopes gin
+would call them with, and returns the REQUIRED parameters left unbound, directly or through a
+macro that is itself ``%gin.REQUIRED``. ``check_required`` turns the first into one line.
 
 Only gin's public API is read (``gin.get_bindings``, ``gin.query_parameter``,
 ``gin.get_configurable``, the references ``gin.config.parse_value`` makes, ``gin.config_str``);
 which configurables recap has, and which modules register them, is ``recap.registry``'s.
 
-Typed model factories (``config_fields``): ``value_model`` and ``pi05_policy`` take the fields of
-their config dataclass, and gin checks every binding of theirs against exactly those names at
-parse time (``value_model.expert_widht`` is an error there, not a ``TypeError`` on every rank);
-their size dicts (``pi05_policy.vision = {...}``) are checked against the Hugging Face config
-class they feed (``check_config_dicts``). ``gin_error_line`` turns gin's parse errors into one
-line with the nearest valid names.
+Typed model factories (``recap.configurable.config_fields``): ``value_model`` and
+``pi05_policy`` take the fields of their config dataclass, and gin checks every binding of
+theirs against exactly those names at parse time (``value_model.expert_widht`` is an error
+there, not a ``TypeError`` on every rank); their size dicts (``pi05_policy.vision = {...}``) are
+checked against the Hugging Face config class they feed (``check_config_dicts``).
+``gin_error_line`` turns gin's parse errors into one line with the nearest valid names.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import functools
+import importlib
 import inspect
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -35,7 +37,9 @@ from gin.config import Configurable, ConfigurableReference, parse_value
 from gin.config import macro as gin_macro
 
 from recap import registry
+from recap.configurable import REQUIRED
 from recap.errors import RecapError
+from recap.registry import bound, config_entries, macro_value, refers_to, resolve
 
 
 @dataclass(frozen=True)
@@ -81,7 +85,7 @@ def _required_params(
         fn = fn.__init__
     required, defaults, skip = [], [], set(bound_names)
     for param in inspect.signature(fn).parameters.values():
-        if param.default is gin.REQUIRED:
+        if _is_required(param.default):
             required.append(param.name)
         elif param.default is not param.empty and callable(param.default):
             if param.name not in skip:
@@ -89,8 +93,9 @@ def _required_params(
     return required, defaults
 
 
-def _is(ref: object, fn: Callable) -> bool:
-    return isinstance(ref, ConfigurableReference) and ref.configurable.wrapped is fn
+def _is_required(value: object) -> bool:
+    """recap's ``REQUIRED`` default (``recap.configurable``), or gin's."""
+    return value is REQUIRED or value is gin.REQUIRED
 
 
 def _is_constant(ref: object) -> bool:
@@ -102,14 +107,6 @@ def _is_required_constant(value: object) -> bool:
     return _is_constant(value) and value.scopes == ["gin.REQUIRED"]
 
 
-def _macro_value(name: str) -> object:
-    """The value bound to macro ``name`` (``gin.REQUIRED`` when it has none)."""
-    try:
-        return gin.query_parameter(f"{name}/gin.macro.value")
-    except ValueError:
-        return gin.REQUIRED
-
-
 def _references(value: object) -> Iterator[object]:
     """Configurable references and macro values inside a bound value (lists, dicts, tuples)."""
     if isinstance(value, dict):
@@ -118,40 +115,19 @@ def _references(value: object) -> Iterator[object]:
     elif isinstance(value, (list, tuple)):
         for item in value:
             yield from _references(item)
-    elif _is(value, gin_macro):
-        yield from _references(_macro_value("/".join(value.scopes)))
+    elif refers_to(value, gin_macro):
+        yield from _references(macro_value("/".join(value.scopes)))
     elif isinstance(value, ConfigurableReference):
         yield value
-
-
-def resolve(value: object) -> object:
-    """A bound value with its macros replaced by their values, in lists and dicts too (what gin
-    passes at call time; references to other configurables are left as they are)."""
-    if isinstance(value, dict):
-        return {k: resolve(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(resolve(v) for v in value)
-    if _is(value, gin_macro):
-        return resolve(_macro_value("/".join(value.scopes)))
-    return value
-
-
-def bound(name: str, default: object = None) -> object:
-    """The value bound to ``name`` (``configurable.param``), macros resolved, nested ones too;
-    ``default`` when it is not bound."""
-    try:
-        return resolve(gin.query_parameter(name))
-    except ValueError:
-        return default
 
 
 def _unresolved(value: object) -> tuple[bool, str | None]:
     """(whether ``value`` resolves to REQUIRED, the last macro on the way)."""
     macro = None
-    while _is(value, gin_macro):
+    while refers_to(value, gin_macro):
         macro = "/".join(value.scopes)
-        value = _macro_value(macro)
-    return value is gin.REQUIRED or _is_required_constant(value), macro
+        value = macro_value(macro)
+    return _is_required(value) or _is_required_constant(value), macro
 
 
 def _reached(root: str | Callable) -> Iterator[tuple[Configurable, list[str], dict]]:
@@ -213,10 +189,10 @@ def _collect_macros(value: object, out: set[str]) -> None:
     if isinstance(value, (list, tuple)):
         for item in value:
             _collect_macros(item, out)
-    elif _is(value, gin_macro):
+    elif refers_to(value, gin_macro):
         name = "/".join(value.scopes)
         out.add(name)
-        _collect_macros(_macro_value(name), out)
+        _collect_macros(macro_value(name), out)
 
 
 def macros_defined() -> set[str]:
@@ -224,56 +200,7 @@ def macros_defined() -> set[str]:
     return {key for key, _ in config_entries(macros=True)}
 
 
-_CONFIG_LINE = 10_000  # gin draws each section's rule as wide as the line length
-
-
-def config_entries(macros: bool = False) -> list[tuple[str, str]]:
-    """The parsed config as gin writes it (``gin.config_str()``): the bindings as
-    ``(scope/name.param, value text)``, or with ``macros`` the macros as ``(NAME, value text)``.
-    Values gin cannot write back as a literal are left out, as it leaves them; a value gin wraps
-    over several lines is joined into one."""
-    statements: list[tuple[str | None, str]] = []
-    section = None
-    for line in gin.config_str(max_line_length=_CONFIG_LINE).splitlines():
-        if line.startswith("# Macros:"):
-            section = "macros"
-        elif line.startswith("# Parameters for "):
-            section = "bindings"
-        elif line[:1].isspace() and statements:  # a continuation of the statement above
-            kind, text = statements[-1]
-            statements[-1] = (kind, f"{text.removesuffix(chr(92)).rstrip()} {line.strip()}")
-        elif line and not line.startswith("#"):
-            statements.append((section, line))
-    want = "macros" if macros else "bindings"
-    return [(key, text.strip()) for kind, line in statements if kind == want
-            for key, _, text in [line.partition(" = ")]]  # fmt: skip
-
-
 # ---- typed model factories ------------------------------------------------------------------
-
-
-def config_fields(config: type, **dicts: type | tuple[type, tuple[str, ...]]) -> Callable:
-    """Declare that a gin factory ``fn(..., **fields)`` takes exactly the fields of dataclass
-    ``config``: its signature (what gin checks each binding name against while parsing) lists
-    them as keyword-only parameters in place of ``**fields``. Apply it below
-    ``@gin.configurable``. Only bound fields reach ``fields`` (an unbound one keeps the config's
-    or the checkpoint's value), so the added parameters carry no default.
-
-    ``dicts``: parameters holding keyword arguments of a Hugging Face config class, as
-    ``name=Class`` or ``name=(Class, keys the factory sets itself)``; ``check_config_dicts``
-    checks their keys after parsing."""
-
-    def declare(fn: Callable) -> Callable:
-        sig = inspect.signature(fn)
-        own = [p for p in sig.parameters.values() if p.kind is not p.VAR_KEYWORD]
-        taken = {p.name for p in own}
-        added = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, annotation=f.type)
-                 for f in dataclasses.fields(config) if f.name not in taken]  # fmt: skip
-        fn.__signature__ = sig.replace(parameters=[*own, *added])
-        fn.config_dicts = {k: v if isinstance(v, tuple) else (v, ()) for k, v in dicts.items()}
-        return fn
-
-    return declare
 
 
 @functools.cache
@@ -323,6 +250,30 @@ def check_config_dicts() -> None:
                     f"gin config: {where}.{param} has unknown key {name!r} (not a "
                     f"{cls.__name__} argument); {_nearest(str(name), keys)}"
                 )
+
+
+def check_model_options() -> None:
+    """Validate the bound ``lora`` / ``freeze`` of the model factories right after parsing (a
+    bad tower or target module is one line before anything is built). It runs only where a
+    model factory is registered (``registry.PARSE_CHECKS``), so its module is imported by name:
+    a light step's command reaches no model code, nor does its code version."""
+    adapters = importlib.import_module("recap.models.adapters")
+    check_freeze, LoraOptions = adapters.check_freeze, adapters.LoraOptions  # noqa: N806
+
+    for factory in adapters.FACTORIES:
+        freeze = bound(f"{factory}.freeze", None)
+        if freeze is not None:
+            check_freeze(freeze, f"{factory}.freeze")
+        lora = bound(f"{factory}.lora", None)
+        if isinstance(lora, ConfigurableReference):
+            if not lora.evaluate or registry.declared(lora.configurable.wrapped) is not LoraOptions:
+                raise RecapError(f"gin config: {factory}.lora; bind @LoraOptions() or None")
+            try:
+                lora.scoped_configurable_fn()
+            except RecapError as exc:  # gin appends "In call to configurable ..." lines
+                raise RecapError(str(exc).strip().splitlines()[0]) from None
+        elif lora is not None and not isinstance(lora, LoraOptions):
+            raise RecapError(f"gin config: {factory}.lora={lora!r}; bind @LoraOptions() or None")
 
 
 _NO_PARAMETER = re.compile(r"Configurable '(.+)' doesn't have a parameter named '(.+)'\.")

@@ -58,9 +58,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import gin
-
 from recap import logs
+from recap.configurable import REQUIRED, clear_config, configurable, configured
 from recap.envs.factory import ENVS, EXPERTS, known_env
 from recap.errors import RecapError
 from recap.io import write_json
@@ -74,6 +73,7 @@ from recap.pipeline import (
     unchanged,
 )
 from recap.registry import register
+from recap.workflow.bindings import Binding, lines
 from recap.workflow.config import PipelineConfig
 from recap.workflow.report import summary_metrics
 
@@ -86,11 +86,11 @@ DATASETS_OF = {
     "advantages": "compute_advantages",
     "policy": "policy_data",
 }
-# step -> the binding naming the Step 1 tag it writes or reads
+# step -> (configurable, parameter) naming the Step 1 tag it writes or reads
 RETURNS_TAG_OF = {
-    "returns": "compute_returns.tag",
-    "value": "value_data.returns_tag",
-    "advantages": "compute_advantages.returns_tag",
+    "returns": ("compute_returns", "tag"),
+    "value": ("value_data", "returns_tag"),
+    "advantages": ("compute_advantages", "returns_tag"),
 }
 POLICY_INITS = ("retrain", "finetune")
 VALUE_INITS = ("retrain",)
@@ -98,7 +98,7 @@ _OWN = re.compile(r"^\s*iterate\.")
 _KINDS = {"int": int, "float": float, "bool": bool, "str": str}
 
 
-@gin.configurable("iterate")
+@configurable("iterate")
 @dataclass(frozen=True)
 class IterateConfig:
     """The loop's own settings (gin ``iterate.*``; module docstring), coerced to the annotated
@@ -135,7 +135,7 @@ class IterateConfig:
             docstring); the simulation settings above are then unused.
     """
 
-    iterations: int = gin.REQUIRED
+    iterations: int = REQUIRED
     episodes: int = 100
     seed: int = 2000
     beta: float = 1.0
@@ -268,13 +268,13 @@ def load(
     own, rest = split_iterate_params(params)
     pipeline_own, scoped = split_params(rest)
     config = load_pipeline(files, pipeline_own)
-    gin.clear_config()
+    clear_config()
     try:
         parse_gin(files, [*pipeline_own, *own])
         check_required("iterate", "", "")
-        settings = IterateConfig()
+        settings = configured(IterateConfig)()
     finally:
-        gin.clear_config()
+        clear_config()
     if "policy" not in config.stages:
         raise RecapError(f"pipeline.stages: {config.stages} has no 'policy'; the loop collects "
                          "with each iteration's policy, add it")  # fmt: skip
@@ -307,7 +307,7 @@ def base_datasets(
     """Each data-reading step's dataset list as configured (before any rollout), and the
     Step 1 tag of the returns step."""
     from recap.cli import parse_gin
-    from recap.config_check import bound
+    from recap.configurable import bound
 
     register(*REGISTERED)
     lists: dict[str, list[dict]] = {}
@@ -316,7 +316,7 @@ def base_datasets(
         for step, prefix in DATASETS_OF.items():
             if step not in config.steps:
                 continue
-            gin.clear_config()
+            clear_config()
             try:
                 parse_gin(config.steps[step], _step_params(config, scoped, step))
             except RecapError as exc:
@@ -329,7 +329,7 @@ def base_datasets(
             if step == "returns":
                 tag = str(bound("compute_returns.tag", "") or "")
     finally:
-        gin.clear_config()
+        clear_config()
     return lists, tag
 
 
@@ -357,7 +357,8 @@ def plan_start(
     """Policy 0, and (when it is the pipeline's baseline) the one-stage pipeline training it."""
     step = settings.start_step
     if settings.start_run:
-        params = [*_step_params(config, scoped, step), f'train.run_dir = "{settings.start_run}"']
+        start = Binding("train", "run_dir", settings.start_run).line()
+        params = [*_step_params(config, scoped, step), start]
         source = Source(settings.start_run, list(config.steps[step]), params,
                         _fingerprint_of_run(settings.start_run))  # fmt: skip
         return source, None, None
@@ -399,12 +400,12 @@ def plan_iterations(
         step_scoped, counts = _with_datasets(scoped, lists, rollouts)
         if "returns" in lists:
             returns_tag = _loop_returns_tag(iter_config, step_scoped, tag, k)
-            for step, binding in RETURNS_TAG_OF.items():
+            for step, (name, param) in RETURNS_TAG_OF.items():
                 if step in lists:
-                    step_scoped[step].append(f'{binding} = "{returns_tag}"')
+                    step_scoped[step].append(Binding(name, param, returns_tag).line())
         if settings.policy_init == "finetune":
             step_scoped.setdefault("policy", []).append(
-                f'pi05_policy.checkpoint = "{source.run_dir}"'
+                Binding("pi05_policy", "checkpoint", source.run_dir).line()
             )
         try:
             planned = plan(iter_config, step_scoped)
@@ -427,7 +428,9 @@ def _with_datasets(
     for step, base in lists.items():
         entries = [*base, *rollouts]
         counts[step] = len(entries)
-        step_scoped.setdefault(step, []).append(f"{DATASETS_OF[step]}.datasets = {entries!r}")
+        step_scoped.setdefault(step, []).append(
+            Binding(DATASETS_OF[step], "datasets", entries).line()
+        )
     return step_scoped, counts
 
 
@@ -438,7 +441,7 @@ def _loop_returns_tag(
     fingerprint planned under ``{tag}_iter{k}`` (module docstring)."""
     base = f"{tag}_iter{k}" if tag else f"iter{k}"
     draft = {s: list(v) for s, v in step_scoped.items()}
-    draft["returns"].append(f'{RETURNS_TAG_OF["returns"]} = "{base}"')
+    draft["returns"].append(Binding(*RETURNS_TAG_OF["returns"], base).line())
     try:
         planned = plan(dataclasses.replace(config, stages=["returns"]), draft)
     except RecapError as exc:
@@ -553,7 +556,7 @@ def collect_rollouts(it: Iteration, settings: IterateConfig) -> dict:
     from recap.envs.factory import drift_dims, env_factory
 
     register(*REGISTERED)
-    gin.clear_config()
+    clear_config()
     try:
         parse_gin(it.source.files, it.source.params)
         for name in ("pi05_policy", "policy_data"):
@@ -580,7 +583,7 @@ def collect_rollouts(it: Iteration, settings: IterateConfig) -> dict:
                           naming=settings.naming, image_dtype=settings.image_dtype,
                           record=record)  # fmt: skip
     finally:
-        gin.clear_config()
+        clear_config()
     summary = {k: v for k, v in summary.items() if isinstance(v, (int, float, str, bool))}
     return {"summary": {**summary, **record, "seed": it.seed,
                         "num_episodes": settings.episodes}}  # fmt: skip
@@ -621,9 +624,9 @@ def track_iteration(
     collection's, the stage fingerprints. Returns the tracking URI."""
     from recap.tracking import Tracker
 
-    tracker = Tracker(settings.experiment, run_name=it.config.name,
+    tracker = configured(Tracker)(settings.experiment, run_name=it.config.name,
                       sweep_name=it.config.sweep_name)  # fmt: skip
-    gin.clear_config()
+    clear_config()
     tracker.start(run_dir, "iterate", tags={"iteration": str(it.k), "recap.iteration": str(it.k)})
     summary = collection["summary"]
     params = {"iteration": it.k, "iterations": settings.iterations,
@@ -670,7 +673,10 @@ def run_iterations(
         run_pipeline(boot, scoped, planned=boot_plan)
     from recap.tracking import Tracker
 
-    records, uri = [], Tracker(settings.experiment).uri  # where the runs are (all skipped too)
+    records, uri = (
+        [],
+        configured(Tracker)(settings.experiment).uri,
+    )  # where the runs are (all skipped too)
     total = len(iterations)
     for it in iterations:
         record = finished_iteration(root, it)
@@ -822,8 +828,8 @@ def recorded_params(recorded: Sequence[str] | None) -> list[str]:
     """The bindings ``--recorded DIR ...`` stands for."""
     if not recorded:
         return []
-    return [f"iterate.recorded = {[str(r) for r in recorded]!r}",
-            f"iterate.iterations = {len(recorded)}"]  # fmt: skip
+    return lines([Binding("iterate", "recorded", [str(r) for r in recorded]),
+                  Binding("iterate", "iterations", len(recorded))])  # fmt: skip
 
 
 def serve_extra(serve_args: str) -> list[str]:

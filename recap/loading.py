@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from recap import logs
+from recap.configurable import configured
 from recap.core.columns import EPISODE_SEED, EPISODE_STEP
 from recap.errors import RecapError
 from recap.processing.cameras import NUM_CAMERAS
@@ -145,7 +146,7 @@ GIN_FIELDS = {"tokenizer": "tokenizer_path", "prompt_style": "prompt_style",
 
 def check_gin_run(path: Path) -> None:
     """An older recap run (trainer weights, no processor.json) needs its training bindings."""
-    from recap.config_check import bound
+    from recap.configurable import bound
 
     if bound("policy_data.tokenizer_path") is None:
         raise RecapError(f"--policy: {path} is a recap training run without processor.json; "
@@ -158,12 +159,12 @@ def processor_from_gin(path: Path, model_config, overrides: dict) -> Pi05Process
     (``policy_data``) with the statistics the run exported beside its weights (one log line):
     from the datasets when they are bound (the state names come with them), else from the
     bound prompt settings alone."""
-    from recap.config_check import bound
+    from recap.configurable import bound
     from recap.data.policy_data import describe_stats, policy_data, run_stats
 
     stats, where = run_stats(path)
     if bound("policy_data.datasets") is not None:
-        processor = policy_data(export_stats=False).processor
+        processor = configured(policy_data)(export_stats=False).processor
         if stats is not None:
             processor = processor.replace(
                 state_stats=stats["state"].first(processor.state_dim),
@@ -219,7 +220,9 @@ def load_policy(
             model = build_pi05(read_config(path))
         elif processor is None:
             check_gin_run(path)
-            model = pi05_policy()  # an older run: its sizes from the parsed gin bindings
+            model = configured(
+                pi05_policy
+            )()  # an older run: its sizes from the parsed gin bindings
         else:
             raise RecapError(f"{path}: processor.json without {RECAP_CONFIG_FILE}; re-export "
                              "the run (its sizes are unknown)")  # fmt: skip
@@ -243,7 +246,7 @@ def load_run(run_dir: str | os.PathLike | None = None, **overrides) -> tuple:
     """A trained Step 4 policy: ``(model, processor, run directory)`` from the directory alone
     (``load_policy``; an older run's processor rebuilt from the parsed gin bindings);
     ``run_dir`` defaults to the bound ``train.run_dir``."""
-    from recap.config_check import bound
+    from recap.configurable import bound
 
     run = Path(run_dir if run_dir is not None else bound("train.run_dir", ""))
     if not (run / "model.safetensors").is_file():

@@ -60,13 +60,14 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import gin
-
 from recap import logs, registry
 from recap.cli import parse_gin
 from recap.config_check import check_required, macros_read
+from recap.configurable import REQUIRED, clear_config, configurable, configured
+from recap.configurable import config_text as parsed_config_text
 from recap.errors import RecapError
 from recap.io import write_json
+from recap.workflow.bindings import Binding, lines
 from recap.workflow.config import PipelineConfig
 from recap.workflow.fingerprints import stage_fingerprint
 from recap.workflow.report import summary_metrics, summary_table, track, ui_address
@@ -81,10 +82,10 @@ _SCOPED = re.compile(r"^\s*(" + "|".join(SCOPES) + r")\s*:(.+)$", re.DOTALL)
 _OLD_SCOPED = re.compile(r"^\s*(" + "|".join(SCOPES) + r")/(.+)$", re.DOTALL)  # deprecated
 
 
-@gin.configurable("pipeline")
+@configurable("pipeline")
 def pipeline_config(
-    name: str = gin.REQUIRED,
-    steps: dict = gin.REQUIRED,
+    name: str = REQUIRED,
+    steps: dict = REQUIRED,
     bindings: dict | None = None,
     run_root: str = "runs/pipeline",
     ranks: int = 1,
@@ -240,7 +241,7 @@ def _register_configurables() -> None:
 
 def _parse_step(files: list[str], params: list[str], where: str) -> None:
     """gin parses ``files`` + ``params`` alone (and checks every binding)."""
-    gin.clear_config()
+    clear_config()
     try:
         parse_gin(files, params)
     except RecapError as exc:
@@ -251,20 +252,20 @@ _TRACKER_LINE = re.compile(r"^(\S+/)?(\S+\.)?Tracker\.\w+ = ")
 
 
 def config_text(where: str) -> str:
-    """The parsed gin config of a stage (gin's public ``config_str()``), less ``Tracker``
+    """The parsed config of a stage (``recap.configurable.config_text``), less ``Tracker``
     bindings: which configurables are bound, in which scopes, for its fingerprint to resolve
     (``recap.workflow.fingerprints``). Raises rather than fingerprint something partial."""
     try:
-        text = gin.config_str(max_line_length=10_000)
+        text = parsed_config_text(max_line_length=10_000)
     except Exception as exc:
         raise RecapError(
-            f"pipeline step {where}: gin.config_str() failed ({type(exc).__name__}: {exc}); "
-            "the stage fingerprint needs its complete config"
+            f"pipeline step {where}: its config could not be written ({type(exc).__name__}: "
+            f"{exc}); the stage fingerprint needs its complete config"
         ) from exc
     lines = [line for line in text.splitlines() if line.strip() and not line.startswith("#")]
     if not lines:
         raise RecapError(
-            f"pipeline step {where}: gin.config_str() lists no binding of its gin files; "
+            f"pipeline step {where}: its config lists no binding of its gin files; "
             "the stage fingerprint needs its complete config"
         )
     return "\n".join(line for line in lines if not _TRACKER_LINE.match(line))
@@ -276,7 +277,7 @@ def plan(config: PipelineConfig, scoped: dict[str, list[str]]) -> dict[str, Plan
     try:
         return _plan(config, scoped)
     finally:  # a step that fails to parse leaves no bindings behind
-        gin.clear_config()
+        clear_config()
 
 
 def _plan(config: PipelineConfig, scoped: dict[str, list[str]]) -> dict[str, Planned]:
@@ -288,16 +289,17 @@ def _plan(config: PipelineConfig, scoped: dict[str, list[str]]) -> dict[str, Pla
         stage = BY_NAME[name]
         files = config.steps[stage.step]
         extra = [b for k in stage.scopes for b in (*config.bindings.get(k, []), *scoped.get(k, []))]
-        inputs = stage.inputs(planned)
+        inputs = lines(stage.inputs(planned))
         _parse_step(files, [*extra, *inputs], name)
         needs = [planned[need].fingerprint for need in stage.needs]
         fingerprint = stage_fingerprint(name, stage.entry, config_text(name), needs)
         run_dir, owned = stage.owned(fingerprint, planned, config.run_root)
-        params = [*extra, *inputs, *owned]
+        tracking = []
         if stage.distributed:  # the steps that track themselves in MLflow
-            params.append(f'Tracker.run_name = "{config.name}/{name}"')
+            tracking.append(Binding("Tracker", "run_name", f"{config.name}/{name}"))
             if config.sweep_name:
-                params.append(f'Tracker.sweep_name = "{config.sweep_name}"')
+                tracking.append(Binding("Tracker", "sweep_name", config.sweep_name))
+        params = [*extra, *inputs, *lines([*owned, *tracking])]
         _parse_step(files, params, name)  # the final bindings parse too; queries below use them
         check_required(stage.entry, f"pipeline step {name}: ", f"{stage.step}:")
         stage.check()
@@ -470,7 +472,7 @@ SWEEP_KEYS = {"name", "gin_files", "gin_params", "grid"}
 
 def load_pipeline(files: Sequence[str], params: Sequence[str], **overrides) -> PipelineConfig:
     """Parse the pipeline's gin files and (unscoped) bindings into its config."""
-    gin.clear_config()
+    clear_config()
     try:
         parse_gin(files, params)
         read = macros_read("pipeline")
@@ -481,9 +483,9 @@ def load_pipeline(files: Sequence[str], params: Sequence[str], **overrides) -> P
                     f"--gin_param {param.strip()!r}: the pipeline's own config reads no macro "
                     f"{macro}; bind STEP:{macro} (all:{macro} for every step)"
                 )
-        return pipeline_config(**overrides)
+        return configured(pipeline_config)(**overrides)
     finally:
-        gin.clear_config()
+        clear_config()
 
 
 def dry_run(

@@ -1,22 +1,31 @@
-"""recap's gin configurables in one place: each one's name, the module that registers it, and the
-checks that run on its bindings right after parsing.
+"""recap's gin configurables in one place: gin itself (the one binding of
+``recap.configurable``), each configurable's name, the module that declares it, and the checks
+that run on its bindings right after parsing.
 
-gin knows a configurable once the module defining it is imported. A step process imports only
+Library modules import no gin: they declare their configurables (``@configurable()``) and take
+settings from the configuration only where they say so (``configured(Tracker)()``). Importing
+this module installs gin as that configuration (``GinConfiguration``): every declared
+configurable, declared before or after, is registered with gin under its name and its module
+(``gin.external_configurable``, the object itself left unchanged), so gin files bind it and
+``@name`` references reach it.
+
+gin knows a configurable once the module declaring it is imported. A step process imports only
 what it calls (``recap-returns`` never loads torch), so:
 
 - ``CONFIGURABLES`` (name -> module): ``recap.cli.parse_gin`` skips the bindings of a name whose
   module this process has not imported (a gin file or an ``all:`` binding shared by every step);
   any other unknown name is an error. ``tests/test_config_check.py`` checks the table against every
-  ``@gin.configurable`` in recap's source and against gin after ``register_all()``.
+  ``@configurable`` in recap's source and against gin after ``register_all()``.
 - ``register(*names)`` / ``register_all()``: import the modules of those configurables (the
   pipeline registers every one and so checks every binding before anything runs). Modules are
   imported by name (``importlib``): importing this module imports nothing of recap, so the
   registry sits below everything in ``.importlinter``'s layers and a light process stays light.
 - ``PARSE_CHECKS`` (check -> the configurables whose bindings it validates):
   ``run_parse_checks()`` runs each check whose configurables this process has registered (their
-  bindings were parsed, not skipped), e.g. ``recap.models.adapters.check_gin`` on
+  bindings were parsed, not skipped), e.g. ``recap.config_check.check_model_options`` on
   ``pi05_policy.lora`` / ``freeze``.
-- ``name_of(fn)``: the name a configurable function or class is registered under.
+- ``name_of(fn)``: the name a configurable function or class is registered under (the declared
+  object or gin's wrapper of it); ``declared(fn)``: the declared object behind gin's wrapper.
 """
 
 from __future__ import annotations
@@ -26,7 +35,10 @@ import sys
 from collections.abc import Callable, Iterable
 
 import gin
+from gin.config import ConfigurableReference
+from gin.config import macro as gin_macro
 
+from recap import configurable
 from recap.errors import RecapError
 
 CONFIGURABLES: dict[str, str] = {
@@ -50,8 +62,102 @@ CONFIGURABLES: dict[str, str] = {
 KNOWN = tuple(CONFIGURABLES)
 # "module.function" -> the configurables whose bindings it checks after parsing
 PARSE_CHECKS: dict[str, tuple[str, ...]] = {
-    "recap.models.adapters.check_gin": ("LoraOptions", "pi05_policy", "value_model"),
+    "recap.config_check.check_model_options": ("LoraOptions", "pi05_policy", "value_model"),
 }
+
+
+class GinConfiguration:
+    """gin as ``recap.configurable``'s configuration."""
+
+    def __init__(self) -> None:
+        self.wrapped: dict[str, object] = {}  # declared name -> gin's wrapper of the object
+
+    def declare(self, name: str, obj: object) -> None:
+        if name not in self.wrapped:
+            self.wrapped[name] = gin.external_configurable(obj, name=name)
+
+    def configured(self, obj: object) -> object:
+        return self.wrapped[configurable.declared_name(obj)]
+
+    def bound(self, key: str, default: object) -> object:
+        return bound(key, default)
+
+    def entries(self, macros: bool) -> list[tuple[str, str]]:
+        return config_entries(macros)
+
+    def text(self, operative: bool, max_line_length: int) -> str:
+        if operative:
+            return gin.operative_config_str(max_line_length=max_line_length)
+        return gin.config_str(max_line_length=max_line_length)
+
+    def clear(self) -> None:
+        gin.clear_config()
+
+
+# ---- reading the parsed config (gin's public API) ------------------------------------------
+
+
+def refers_to(ref: object, fn: Callable) -> bool:
+    """Whether ``ref`` is a gin reference to ``fn`` (gin's own wrapper, as ``gin.macro``)."""
+    return isinstance(ref, ConfigurableReference) and ref.configurable.wrapped is fn
+
+
+def macro_value(name: str) -> object:
+    """The value bound to macro ``name`` (``gin.REQUIRED`` when it has none)."""
+    try:
+        return gin.query_parameter(f"{name}/gin.macro.value")
+    except ValueError:
+        return gin.REQUIRED
+
+
+def resolve(value: object) -> object:
+    """A bound value with its macros replaced by their values, in lists and dicts too (what gin
+    passes at call time; references to other configurables are left as they are)."""
+    if isinstance(value, dict):
+        return {k: resolve(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(resolve(v) for v in value)
+    if refers_to(value, gin_macro):
+        return resolve(macro_value("/".join(value.scopes)))
+    return value
+
+
+def bound(name: str, default: object = None) -> object:
+    """The value bound to ``name`` (``configurable.param``), macros resolved, nested ones too;
+    ``default`` when it is not bound."""
+    try:
+        return resolve(gin.query_parameter(name))
+    except ValueError:
+        return default
+
+
+_CONFIG_LINE = 10_000  # gin draws each section's rule as wide as the line length
+
+
+def config_entries(macros: bool = False) -> list[tuple[str, str]]:
+    """The parsed config as gin writes it (``gin.config_str()``): the bindings as
+    ``(scope/name.param, value text)``, or with ``macros`` the macros as ``(NAME, value text)``.
+    Values gin cannot write back as a literal are left out, as it leaves them; a value gin wraps
+    over several lines is joined into one."""
+    statements: list[tuple[str | None, str]] = []
+    section = None
+    for line in gin.config_str(max_line_length=_CONFIG_LINE).splitlines():
+        if line.startswith("# Macros:"):
+            section = "macros"
+        elif line.startswith("# Parameters for "):
+            section = "bindings"
+        elif line[:1].isspace() and statements:  # a continuation of the statement above
+            kind, text = statements[-1]
+            statements[-1] = (kind, f"{text.removesuffix(chr(92)).rstrip()} {line.strip()}")
+        elif line and not line.startswith("#"):
+            statements.append((section, line))
+    want = "macros" if macros else "bindings"
+    return [(key, text.strip()) for kind, line in statements if kind == want
+            for key, _, text in [line.partition(" = ")]]  # fmt: skip
+
+
+GIN = GinConfiguration()
+configurable.install(GIN)
 
 
 def _module(name: str) -> str:
@@ -87,12 +193,21 @@ def run_parse_checks() -> None:
             getattr(importlib.import_module(module), function)()
 
 
+def declared(fn: object) -> object:
+    """The declared function or class behind ``fn`` when ``fn`` is gin's wrapper of one (the
+    object a ``@name`` reference carries); ``fn`` itself otherwise."""
+    for name, wrapper in GIN.wrapped.items():
+        if wrapper is fn:
+            return configurable.DECLARED[name]
+    return fn
+
+
 def name_of(fn: Callable) -> str:
-    """The name ``fn`` (a gin configurable: the function or class gin returned) is registered
-    under: one of recap's, else its own ``module.name`` when gin knows it by that."""
-    for name in _loaded(KNOWN):
-        if gin.get_configurable(name) is fn:
-            return name
+    """The name ``fn`` is registered under: recap's declared name of the object or of the one
+    gin wrapped, else its own ``module.name`` when gin knows it by that."""
+    name = configurable.declared_name(declared(fn))
+    if name is not None:
+        return name
     own = f"{getattr(fn, '__module__', '')}.{getattr(fn, '__name__', '')}"
     try:
         if gin.get_configurable(own) is fn:

@@ -7,8 +7,9 @@ has one, else the launcher's ``RANK``).
 Store: ``Tracker.tracking_uri`` (gin) > ``MLFLOW_TRACKING_URI`` > ``sqlite:///mlflow.db`` in the
 working directory, with artifacts in ``mlruns/`` beside the database. A run records: params = the
 gin bindings (flattened, ``scope/name.param``), tags = pipeline step, git commit, sweep name,
-metrics every log interval, and artifacts: ``config/config.gin`` (``gin.config_str()``) at start,
-``config/operative_config.gin`` after the first step, ``config/deepspeed_config.json``, and plots.
+metrics every log interval, and artifacts: ``config/config.gin`` (the parsed config,
+``recap.configurable.config_text``) at start, ``config/operative_config.gin`` after the first
+step, ``config/deepspeed_config.json``, and plots.
 Restarting the same run directory continues the same MLflow run (``mlflow_run.json``).
 
 Experiments are tagged ``mlflow.experimentKind = custom_model_development``, so MLflow 3's UI
@@ -28,9 +29,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-import gin
-
-from recap.config_check import config_entries
+from recap.configurable import config_entries, config_text, configurable
 
 DEFAULT_URI = "sqlite:///mlflow.db"
 RUN_FILE = "mlflow_run.json"
@@ -63,7 +62,7 @@ def ui_address(tracking_uri: str, experiment: str, host: str = UI_HOST, port: in
 
 def gin_bindings() -> dict[str, str]:
     """Every gin binding as ``{"scope/name.param": value}`` and every macro as ``{"NAME":
-    value}``, as gin writes them (``recap.config_check.config_entries``), each cut at MLflow's
+    value}``, as gin writes them (``recap.configurable.config_entries``), each cut at MLflow's
     param limit (empty, with a warning, if gin fails to write its config): for MLflow params
     only, where a miss must not stop a run. Stage fingerprints resolve the config instead and
     fail loudly (``recap.workflow.fingerprints``)."""
@@ -122,7 +121,7 @@ def _safe(method):
     return wrapper
 
 
-@gin.configurable
+@configurable()
 class Tracker:
     """One MLflow run per training run directory, written by rank 0."""
 
@@ -199,7 +198,7 @@ class Tracker:
             run_file.parent.mkdir(parents=True, exist_ok=True)
             run_file.write_text(json.dumps({"run_id": self.run_id, "tracking_uri": self.uri}))
         self.log_params(gin_bindings())
-        self.log_text(gin.config_str(), "config/config.gin")
+        self.log_text(config_text(), "config/config.gin")
 
     @_safe
     def log_params(self, params: dict[str, Any]) -> None:

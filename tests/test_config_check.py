@@ -18,6 +18,7 @@ from recap.config_check import (
     macros_read,
     missing_required,
 )
+from recap.configurable import DECLARED, configured
 from recap.errors import RecapError
 
 LIBERO_BINDINGS = [
@@ -243,7 +244,7 @@ def test_the_typed_factories_take_exactly_their_config_fields_and_pass_only_boun
         assert set(inspect.signature(fn).parameters) == {*own, *fields}
     parsed([], [f"value_model.vision = {VISION!r}", f"value_model.text = {TEXT!r}",
                 *(f"value_model.{k} = {v!r}" for k, v in EXPERT.items())])  # fmt: skip
-    model = value_model()
+    model = configured(value_model)()
     assert (model.config.expert_width, model.config.expert_mlp) == (16, 32)
     assert model.config.num_bins == ValueModelConfig.num_bins  # unbound: the config's default
 
@@ -265,8 +266,8 @@ def test_a_step_command_refuses_a_typod_size_before_it_runs(tmp_path, capsys):
 
 
 def _decorated_configurables() -> dict[str, str]:
-    """``{name: module}`` of every ``@gin.configurable`` in recap's source (read, not imported);
-    a ``gin.register`` / ``gin.external_configurable`` anywhere fails (the registry knows none)."""
+    """``{name: module}`` of every ``@configurable(...)`` (``recap.configurable``) in recap's
+    source (read, not imported); a gin decorator or registration outside the registry fails."""
     import ast
     from pathlib import Path
 
@@ -277,23 +278,21 @@ def _decorated_configurables() -> dict[str, str]:
     for path in sorted(root.rglob("*.py")):
         module = ".".join(path.relative_to(root.parent).with_suffix("").parts)
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Attribute) and node.attr in (
-                "register",
-                "external_configurable",
-            ):
-                assert not (isinstance(node.value, ast.Name) and node.value.id == "gin"), path
+            registers = ("configurable", "register", "external_configurable")
+            if isinstance(node, ast.Attribute) and node.attr in registers:
+                gin_call = isinstance(node.value, ast.Name) and node.value.id == "gin"
+                assert module == "recap.registry" or not gin_call, path
             if not isinstance(node, ast.FunctionDef | ast.ClassDef):
                 continue
             for deco in node.decorator_list:
                 call = deco if isinstance(deco, ast.Call) else None
-                target = call.func if call else deco
-                if ast.unparse(target) == "gin.configurable":
-                    name = call.args[0].value if call and call.args else node.name
+                if call and ast.unparse(call.func) == "configurable":
+                    name = call.args[0].value if call.args else node.name
                     found[name] = module
     return found
 
 
-def test_the_registry_knows_every_gin_configurable_in_recap_and_its_module():
+def test_the_registry_knows_every_configurable_in_recap_and_its_module():
     from recap import registry
 
     assert registry.CONFIGURABLES == _decorated_configurables()
@@ -301,6 +300,7 @@ def test_the_registry_knows_every_gin_configurable_in_recap_and_its_module():
     registry.register_all()
     for name, module in registry.CONFIGURABLES.items():
         assert gin.get_configurable(name).__module__ == module, name
+        assert registry.declared(gin.get_configurable(name)) is DECLARED[name], name
 
 
 def test_the_registry_names_a_configurable_by_its_function():

@@ -14,10 +14,10 @@ import gin
 import pytest
 
 import recap.steps.compute_advantages
+from recap.config_resolve import bound_keys, resolved_config
 from recap.errors import RecapError
 from recap.pipeline import load_pipeline, plan, split_params
 from recap.workflow.code_versions import step_version
-from recap.workflow.fingerprints import bound_keys, resolved_config
 
 DEMO = "demo/scratch.gin"
 

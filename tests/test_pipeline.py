@@ -288,19 +288,21 @@ def test_a_fingerprint_hashes_the_complete_config_and_fails_loudly(tmp_path, mon
     assert tracked == base
     assert fingerprints(tmp_path, note) == fingerprints(tmp_path)  # a macro nothing reads
 
-    config_str = gin.config_str
+    from recap import registry
 
-    def broken(*args, **kwargs):  # in config_text only (parsing reads config_str too)
-        if sys._getframe(1).f_code.co_name == "config_text":
+    text = registry.GIN.text
+
+    def broken(operative, max_line_length):  # in config_text only (parsing reads gin directly)
+        if sys._getframe(2).f_code.co_name == "config_text":
             raise AttributeError("'Configurable' object has no attribute 'selector'")
-        return config_str(*args, **kwargs)
+        return text(operative, max_line_length)
 
-    monkeypatch.setattr(gin, "config_str", broken)
+    monkeypatch.setattr(registry.GIN, "text", broken)
     with pytest.raises(RecapError) as err:
         fingerprints(tmp_path)
     assert str(err.value) == (
-        "pipeline step returns: gin.config_str() failed (AttributeError: 'Configurable' object "
-        "has no attribute 'selector'); the stage fingerprint needs its complete config"
+        "pipeline step returns: its config could not be written (AttributeError: 'Configurable' "
+        "object has no attribute 'selector'); the stage fingerprint needs its complete config"
     )
 
 

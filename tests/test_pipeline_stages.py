@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from recap.errors import RecapError
 from recap.pipeline import (
     SWEEP_KEYS,
     config_text,
@@ -20,6 +21,7 @@ from recap.pipeline import (
     plan,
     split_params,
 )
+from recap.workflow.bindings import Binding, lines, literal
 from recap.workflow.report import summary_metrics, summary_table
 from recap.workflow.stages import BY_NAME, SCOPES, STAGES, STEP_KEYS, Planned
 
@@ -150,11 +152,9 @@ def test_each_stage_owns_its_inputs_run_dir_and_outputs(demo, name):
     inputs, run_dir, owned, outputs, params = WIRING[name]
     item, stage = planned[name], BY_NAME[name]
     assert item.stage is stage
-    assert stage.inputs(planned) == inputs
-    assert stage.owned(item.fingerprint, planned, config.run_root) == (
-        None if run_dir is None else Path(run_dir),
-        owned,
-    )
+    assert lines(stage.inputs(planned)) == inputs
+    own_dir, own = stage.owned(item.fingerprint, planned, config.run_root)
+    assert (own_dir, lines(own)) == (None if run_dir is None else Path(run_dir), owned)
     assert item.run_dir == (None if run_dir is None else Path(run_dir))
     assert [str(p) for p in item.outputs] == outputs
     assert item.params == params
@@ -347,3 +347,53 @@ def test_a_sweep_warns_once_per_old_binding_and_ships_the_colon_form(tmp_path, c
         bindings = [binding(k, v) for k, v in point.items()]
         assert sorted(split_params([*spec["gin_params"], *bindings])[1]) == ["advantages", "value"]
     assert capsys.readouterr().err == ""
+
+
+def test_a_stage_handing_a_parameter_its_step_lacks_fails_the_plan_in_one_line(monkeypatch):
+    from recap.workflow.stages import AdvantagesStage
+
+    def renamed(self, planned):
+        return [Binding("compute_advantages", "value_model_path", planned["value"].run_dir)]
+
+    monkeypatch.setattr(AdvantagesStage, "inputs", renamed)
+    with pytest.raises(RecapError) as err:
+        plan(load_pipeline(["demo/scratch.gin"], []), {})
+    assert str(err.value) == (
+        "binding compute_advantages.value_model_path: compute_advantages "
+        "(recap.steps.compute_advantages) takes no parameter 'value_model_path'; rename it where "
+        "a stage hands it"
+    )
+
+
+def test_binding_values_are_written_as_literals_gin_reads_back():
+    import gin
+
+    from recap.cli import parse_gin
+    from recap.registry import register
+
+    register("compute_returns")
+    value = [{"name": "d\u00e9mo \"x\"", "root": Path("/data/a b"), "weight": 0.5, "n": None},
+             (1,), True]  # fmt: skip
+    assert literal(value) == (
+        '[{"name": "d\\u00e9mo \\"x\\"", "root": "/data/a b", "weight": 0.5, "n": None}, '
+        "(1,), True]"
+    )
+    gin.clear_config()
+    try:
+        parse_gin([], [Binding("compute_returns", "datasets", value).line()])
+        assert gin.query_parameter("compute_returns.datasets") == [
+            {"name": 'd\u00e9mo "x"', "root": "/data/a b", "weight": 0.5, "n": None}, (1,), True
+        ]
+    finally:
+        gin.clear_config()
+    with pytest.raises(RecapError) as err:
+        literal(object)
+    assert str(err.value) == (
+        "binding value <class 'object'>: not a literal (string, path, number, bool, None, or a "
+        "list, tuple or dict of those)"
+    )
+    with pytest.raises(RecapError) as err:
+        Binding("compute_retunrs", "tag", "x").line()
+    assert str(err.value).startswith(
+        "binding compute_retunrs.tag: 'compute_retunrs' is not one of recap's configurables ("
+    )

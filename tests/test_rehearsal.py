@@ -56,19 +56,18 @@ STAGES = ["returns", "value", "advantages", "policy", "baseline"]
 
 
 def tiny_bindings() -> dict[str, object]:
-    """Every binding of tiny.gin, as ``configurable.param -> value``."""
-    from gin import config as gin_config
-
+    """Every binding of tiny.gin, as ``configurable.param -> value`` (gin's public API only)."""
     import recap.pipeline  # noqa: F401  (registers every step's configurables)
     import recap.steps.compute_advantages  # noqa: F401
     import recap.steps.train  # noqa: F401
+    from recap.config_check import config_entries
 
     gin.clear_config()
     try:
         parse_gin([TINY], [])
-        return {f"{sel.split('.')[-1]}.{param}": value
-                for (scope, sel), params in gin_config._CONFIG.items()
-                for param, value in params.items()}  # fmt: skip
+        keys = [key for key, _ in config_entries()]
+        return {f"{key.rpartition('/')[2].split('.')[-2]}.{key.rpartition('.')[2]}":
+                gin.query_parameter(key) for key in keys}  # fmt: skip
     finally:
         gin.clear_config()
 

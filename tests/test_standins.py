@@ -17,6 +17,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from recap import standins as S
+from recap.configurable import configured
 from recap.data.lerobot import LIBERO_KEYS, LocalDataset, detect_key_map
 from recap.data.transforms import (
     SentencePieceTokenizer,
@@ -284,13 +285,13 @@ def test_a_config_less_checkpoint_loads_from_gin_with_a_named_variant(standins):
     try:
         parse_gin([], [*params, f'pi05_policy.checkpoint = "{standins.pi05_checkpoint}"',
                        'pi05_policy.variant = "pi05_libero"'])  # fmt: skip
-        model = pi05_policy()
+        model = configured(pi05_policy)()
         assert model.config.action_horizon == 10
         gin.bind_parameter("pi05_policy.variant", "pi05_base")  # horizon 50: shapes still fit
-        assert pi05_policy().config.action_horizon == 50
+        assert configured(pi05_policy)().config.action_horizon == 50
         gin.bind_parameter("pi05_policy.variant", "pi05_libro")
         with pytest.raises(RecapError) as err:
-            pi05_policy()
+            configured(pi05_policy)()
         assert err.value.message == (  # gin appends "In call to configurable ..." lines
             "pi05_policy.variant 'pi05_libro' is not one of ['pi05_base', 'pi05_droid', "
             "'pi05_libero']; or leave it None and bind the sizes"

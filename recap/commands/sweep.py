@@ -84,14 +84,13 @@ def command(spec: dict, params: Sequence[str]) -> list[str]:
 
 def validate(spec: dict, all_params: list[list[str]]) -> None:
     """Parse every point with gin (needs the train step's configurables registered)."""
-    import gin
-
     import recap.steps.train  # noqa: F401
+    from recap.configurable import clear_config
 
     for params in all_params:
-        gin.clear_config()
+        clear_config()
         parse_gin(spec["gin_files"], params)
-    gin.clear_config()
+    clear_config()
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -19,13 +19,13 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import gin
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 from torch.utils.data import Dataset
 
+from recap.configurable import REQUIRED, configurable
 from recap.core import columns as C
 from recap.core.frames import align_to_frames
 from recap.core.normalize import ReturnRange, normalize_returns
@@ -242,14 +242,14 @@ def _virtual_index(
     return np.concatenate(sources), np.concatenate(rows)
 
 
-@gin.configurable
+@configurable()
 def value_data(
     split: str = "train",
-    datasets: list[dict] = gin.REQUIRED,
+    datasets: list[dict] = REQUIRED,
     eval_datasets: list[dict] | None = None,
     data_root: str = "",
     returns_tag: str = "",
-    tokenizer_path: str = gin.REQUIRED,
+    tokenizer_path: str = REQUIRED,
     image_size: int = 224,
     max_length: int = 200,
     mixing: str = "proportional",

@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from recap import logs
-from recap.config_check import bound
+from recap.configurable import bound
 from recap.data.lerobot import MAX_DIM, LocalDataset, feature_dims, spec_key_map
 from recap.data.specs import DatasetSpec, parse_dataset_specs
 from recap.errors import DatasetError, RecapError, located

@@ -38,13 +38,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import gin
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
 from recap import logs
-from recap.config_check import bound
+from recap.configurable import REQUIRED, bound, configurable
 from recap.core import columns as C
 from recap.data.conditioning import dataset_labels, draw_conditional, epoch_seed, quantile_stats
 from recap.data.datasets import MIXING, _virtual_index
@@ -374,14 +373,14 @@ class PolicyDataset(Dataset):
         return self.processor.tokenize(texts)
 
 
-@gin.configurable
+@configurable()
 def policy_data(
     split: str = "train",
-    datasets: list[dict] = gin.REQUIRED,
+    datasets: list[dict] = REQUIRED,
     eval_datasets: list[dict] | None = None,
     data_root: str = "",
     advantages_tag: str = "",
-    tokenizer_path: str = gin.REQUIRED,
+    tokenizer_path: str = REQUIRED,
     image_size: int = 224,
     action_horizon: int = 50,
     action_dim: int = 32,

@@ -23,9 +23,9 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-import gin
 import torch
 
+from recap.configurable import configurable
 from recap.engine import accelerator
 from recap.errors import RecapError
 
@@ -134,7 +134,7 @@ def _zero(
     return zero
 
 
-@gin.configurable
+@configurable()
 def deepspeed_config(
     *,
     world_size: int,

@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import gin
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
 from recap import logs
+from recap.configurable import config_text
 from recap.engine import accelerator, distributed
 from recap.engine import checkpointing as ckpt
 from recap.engine.deepspeed_config import (
@@ -283,7 +283,7 @@ class Trainer:
         self.record(step, metrics)
 
     def log_config(self, step: int) -> None:
-        self.tracker.log_text(gin.operative_config_str(), "config/operative_config.gin")
+        self.tracker.log_text(config_text(operative=True), "config/operative_config.gin")
 
     def maybe_save(self, step: int) -> None:
         if self._due(step, self.opts.save_every):

@@ -33,10 +33,10 @@ import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import gin
 import torch
 from torch import nn
 
+from recap.configurable import configurable, configured
 from recap.errors import RecapError
 
 TOWERS = ("vision", "language_model", "expert", "projector")
@@ -69,7 +69,7 @@ def _check_positive(field: str, value: object, kind: type) -> None:
         raise RecapError(f"gin config: {field}={value!r} must be a positive int")
 
 
-@gin.configurable
+@configurable()
 @dataclasses.dataclass(frozen=True)
 class LoraOptions:
     """LoRA of the language model (``rank``/``alpha``), of π0.5's action expert
@@ -112,29 +112,6 @@ def check_freeze(freeze: object, owner: str = "freeze") -> tuple[str, ...]:
     """``freeze`` as a tuple of tower names; an unknown name is one line naming it."""
     return _check_names(owner, list(freeze) if isinstance(freeze, tuple) else freeze, TOWERS,
                         "tower")  # fmt: skip
-
-
-def check_gin() -> None:
-    """Validate the bound ``lora`` / ``freeze`` of the model factories right after parsing (a
-    bad tower or target module is one line before anything is built)."""
-    from gin import config as gin_config
-
-    from recap.config_check import bound
-
-    for factory in FACTORIES:
-        freeze = bound(f"{factory}.freeze", None)
-        if freeze is not None:
-            check_freeze(freeze, f"{factory}.freeze")
-        lora = bound(f"{factory}.lora", None)
-        if isinstance(lora, gin_config.ConfigurableReference):
-            if not lora.evaluate or lora.configurable.wrapped is not LoraOptions:
-                raise RecapError(f"gin config: {factory}.lora; bind @LoraOptions() or None")
-            try:
-                lora.scoped_configurable_fn()
-            except RecapError as exc:  # gin appends "In call to configurable ..." lines
-                raise RecapError(str(exc).strip().splitlines()[0]) from None
-        elif lora is not None and not isinstance(lora, LoraOptions):
-            raise RecapError(f"gin config: {factory}.lora={lora!r}; bind @LoraOptions() or None")
 
 
 # ---- towers of each model ----------------------------------------------------------------
@@ -273,9 +250,9 @@ def adapt(model: nn.Module, lora: LoraOptions | None = None, freeze: Sequence[st
 
 def recipe_steps(lora: LoraOptions | None = None) -> list[tuple[str, Callable]]:
     """The memory planner's recipe transforms (``recap.engine.memory.recipe_counts``), applied in
-    turn to one model: ``"lora"`` (``lora``, default the gin-bound ``LoraOptions()``), then
+    turn to one model: ``"lora"`` (``lora``, default the configured ``LoraOptions()``), then
     ``"lora_frozen_vision"`` (the vision tower frozen on top)."""
-    options = lora or LoraOptions()
+    options = lora or configured(LoraOptions)()
     return [("lora", lambda model: adapt(model, options)),
             ("lora_frozen_vision", lambda model: adapt(model, None, ["vision"]))]  # fmt: skip
 

@@ -47,14 +47,13 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-import gin
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 from transformers import AutoModel, GemmaConfig, SiglipVisionConfig
 
-from recap.config_check import config_fields
+from recap.configurable import config_fields, configurable
 from recap.errors import RecapError
 from recap.models.adapters import AdapterHooks, LoraOptions, adapt, check_freeze
 from recap.models.losses import flow_matching_loss
@@ -479,7 +478,7 @@ def build_pi05(config: Pi05Config, dtype: torch.dtype = torch.float32) -> Pi05Po
     return set_precision(Pi05Policy(config, vision, text), dtype)
 
 
-@gin.configurable
+@configurable()
 @config_fields(Pi05Config, vision=SiglipVisionConfig, text=GemmaConfig,
                expert=(GemmaConfig, EXPERT_FROM_TEXT))  # fmt: skip
 def pi05_policy(

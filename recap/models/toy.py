@@ -12,11 +12,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import gin
 import numpy as np
 import torch
 from torch import nn
 
+from recap.configurable import configurable
 from recap.errors import RecapError
 
 
@@ -73,7 +73,7 @@ class ToyRegressor(nn.Module):
         return {"prediction_vs_target": fig}
 
 
-@gin.configurable
+@configurable()
 def toy_model(
     vocab_size: int = 32,
     hidden_size: int = 32,
@@ -116,7 +116,7 @@ class ToyRegressionData(torch.utils.data.Dataset):
         }
 
 
-@gin.configurable
+@configurable()
 def toy_data(num_examples: int = 256, seq_len: int = 8, vocab_size: int = 32, seed: int = 0):
     """Gin factory for ``ToyRegressionData`` (scope it: ``train/toy_data``, ``eval/toy_data``)."""
     return ToyRegressionData(num_examples, seq_len, vocab_size, seed)

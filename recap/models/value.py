@@ -33,14 +33,13 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-import gin
 import torch
 from safetensors.torch import load_file
 from torch import nn
 from transformers import AutoModel, Gemma3TextConfig, SiglipVisionConfig
 from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
 
-from recap.config_check import config_fields
+from recap.configurable import config_fields, configurable
 from recap.errors import RecapError
 from recap.models import layers
 from recap.models.adapters import AdapterHooks, LoraOptions, adapt, check_freeze
@@ -510,7 +509,7 @@ def load_value_model(directory: str | os.PathLike) -> ValueModel:
     return model
 
 
-@gin.configurable
+@configurable()
 @config_fields(ValueModelConfig, vision=SiglipVisionConfig, text=Gemma3TextConfig)
 def value_model(
     siglip_path: str | None = None,

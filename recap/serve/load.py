@@ -139,7 +139,7 @@ def check_sizes(path: Path, config) -> None:
 
 def _bound_sizes() -> dict:
     """The ``pi05_policy`` size fields the parsed gin files bind (empty when none)."""
-    from recap.config_check import bound
+    from recap.configurable import bound
 
     fields = {name: bound(f"pi05_policy.{name}") for name in SIZE_FIELDS}
     return {k: (dict(v) if isinstance(v, dict) else v) for k, v in fields.items() if v is not None}

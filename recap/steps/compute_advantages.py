@@ -22,7 +22,6 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-import gin
 import numpy as np
 import pyarrow as pa
 import torch
@@ -30,6 +29,7 @@ from tqdm.auto import tqdm
 
 import recap.steps.train  # noqa: F401  (registers train/value_model/value_data: value gin files)
 from recap import logs, viz
+from recap.configurable import REQUIRED, configurable, configured
 from recap.core import columns as C
 from recap.core.advantages import (
     DEFAULT_LOOKAHEAD,
@@ -79,12 +79,12 @@ STEP_VERSION = "1"
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
-@gin.configurable
+@configurable()
 def compute_advantages(
-    datasets: list[dict] = gin.REQUIRED,
-    tag: str = gin.REQUIRED,
-    model_path: str | os.PathLike = gin.REQUIRED,
-    tokenizer_path: str | os.PathLike = gin.REQUIRED,
+    datasets: list[dict] = REQUIRED,
+    tag: str = REQUIRED,
+    model_path: str | os.PathLike = REQUIRED,
+    tokenizer_path: str | os.PathLike = REQUIRED,
     model_fn: Callable[[], ValueModel] | None = None,
     data_root: str | os.PathLike = "",
     returns_tag: str = "",
@@ -340,7 +340,7 @@ def save_pictures(out: Path, figures: dict, metrics: dict) -> None:
     """PNGs in ``out``, then a new MLflow run with them and ``metrics`` (rank 0)."""
     out.mkdir(parents=True, exist_ok=True)
     (out / RUN_FILE).unlink(missing_ok=True)  # every Step 3 run is a new MLflow run
-    tracker = Tracker()
+    tracker = configured(Tracker)()
     tracker.start(out, "advantages", {"recap.world_size": str(distributed.world_size())})
     tracker.log_metrics(metrics, 0)
     for name, figure in figures.items():

@@ -12,13 +12,13 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-import gin
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from tqdm.auto import tqdm
 
 from recap import __version__, logs
+from recap.configurable import REQUIRED, configurable
 from recap.core import columns as C
 from recap.core.returns import (
     DEFAULT_FAILURE_REWARD,
@@ -151,9 +151,9 @@ def _stats(spec: DatasetSpec, table: pa.Table, gamma: float, failure: float, out
     }
 
 
-@gin.configurable
+@configurable()
 def compute_returns(
-    datasets: list[dict] = gin.REQUIRED,
+    datasets: list[dict] = REQUIRED,
     tag: str = "",
     data_root: str | os.PathLike = "",
     gamma: float = DEFAULT_GAMMA,

@@ -33,12 +33,12 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import gin
 import numpy as np
 import torch
 
 import recap.steps.train  # noqa: F401  (registers train, policy_data and pi05_policy with gin)
 from recap import logs
+from recap.configurable import configurable
 from recap.data.sidecars import write_atomic
 from recap.engine import distributed
 from recap.envs.base import Env, stack_observations
@@ -64,7 +64,7 @@ STEP_VERSION = "3"  # 3: replan_steps of each chunk run (were ignored); 2: any E
 RESULTS_FILE = "closed_loop.json"
 
 
-@gin.configurable
+@configurable()
 def evaluate_policy(
     run_dir: str | None = None,
     betas: Sequence[float] = (1.0, 1.5, 2.5),

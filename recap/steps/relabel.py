@@ -15,11 +15,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import gin
 import numpy as np
 import pyarrow as pa
 
 from recap import logs
+from recap.configurable import REQUIRED, configurable
 from recap.core import columns as C
 from recap.core.advantages import labeling_of, relabel_advantages
 from recap.core.frames import align_to_frames, finite_column, frame_layout
@@ -121,11 +121,11 @@ def relabel_record(source: dict, labeled: pa.Table, specs: list[DatasetSpec], ta
     return {**source, **labeling_of(labeled), "source_tag": tag, "datasets": datasets}
 
 
-@gin.configurable
+@configurable()
 def relabel(
-    datasets: list[dict] = gin.REQUIRED,
-    source_tag: str = gin.REQUIRED,
-    new_tag: str = gin.REQUIRED,
+    datasets: list[dict] = REQUIRED,
+    source_tag: str = REQUIRED,
+    new_tag: str = REQUIRED,
     data_root: str | os.PathLike = "",
     positive_quantile: float = DEFAULT_POSITIVE_QUANTILE,
     scope: str = SCOPE_GLOBAL,

@@ -11,14 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-import gin
-
 import recap.data.datasets  # noqa: F401  (registers value_data with gin)
 import recap.data.policy_data  # noqa: F401  (registers policy_data with gin)
 import recap.models.pi05  # noqa: F401  (registers pi05_policy: gin/policy.gin wires both)
 import recap.models.toy  # noqa: F401  (registers toy_model / toy_data with gin)
 import recap.models.value  # noqa: F401  (registers value_model with gin)
 from recap import logs
+from recap.configurable import REQUIRED, configurable, configured
 from recap.engine import distributed
 from recap.engine.deepspeed_config import check_nvme_offload, deepspeed_config
 from recap.engine.trainer import FitResult, LoopOptions, fit
@@ -31,13 +30,13 @@ log = logs.get(__name__)
 STEP_VERSION = "1"
 
 
-@gin.configurable
+@configurable()
 def train(
-    model_fn: Callable = gin.REQUIRED,
-    data_fn: Callable = gin.REQUIRED,
+    model_fn: Callable = REQUIRED,
+    data_fn: Callable = REQUIRED,
     eval_data_fn: Callable | None = None,
-    run_dir: str = gin.REQUIRED,
-    max_steps: int = gin.REQUIRED,
+    run_dir: str = REQUIRED,
+    max_steps: int = REQUIRED,
     log_every: int = 10,
     eval_every: int = 0,
     save_every: int = 0,
@@ -50,7 +49,9 @@ def train(
     """Train ``model_fn()`` on ``data_fn()`` for ``max_steps`` optimizer steps (resumable)."""
     if max_steps < 1:
         raise RecapError(f"gin config: train.max_steps={max_steps}; set it to a positive integer")
-    config = deepspeed_config(world_size=distributed.env_world_size(), max_steps=max_steps)
+    config = configured(deepspeed_config)(
+        world_size=distributed.env_world_size(), max_steps=max_steps
+    )
     check_nvme_offload(config["zero_optimization"].get("offload_param", {}).get("device", ""))
     options = LoopOptions(
         run_dir=Path(run_dir),
@@ -76,7 +77,7 @@ def train(
         built["config"] = getattr(model, "config", None)
         return model
 
-    result = fit(build, train_data, eval_data, config, options, Tracker())
+    result = fit(build, train_data, eval_data, config, options, configured(Tracker)())
     save_processor(train_data, built.get("config"), Path(run_dir))
     final = {**result.train_metrics, **result.eval_metrics}
     shown = ", ".join(f"{k} {v:.5g}" for k, v in final.items() if "loss" in k)

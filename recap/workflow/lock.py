@@ -16,11 +16,11 @@ import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from recap.config_resolve import EXCLUDED
 from recap.errors import RecapError
 from recap.registry import CONFIGURABLES, register_all
 from recap.workflow import code_versions
 from recap.workflow.code_versions import LOCK, PACKAGE, UPDATE, lock, step_module, step_version
-from recap.workflow.fingerprints import EXCLUDED
 
 
 def _file(module: str) -> Path:

@@ -9,11 +9,11 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-import gin
 import numpy as np
 import pyarrow.parquet as pq
 
 from recap import logs
+from recap.configurable import clear_config, configured
 from recap.io import write_atomic, write_json
 from recap.workflow.config import PipelineConfig
 from recap.workflow.stages import BY_NAME, SCOPES, AdvantagesStage
@@ -131,8 +131,10 @@ def track(config: PipelineConfig, scoped: dict[str, list[str]], report: dict[str
     key = hashlib.sha256("".join(e["fingerprint"] for e in report.values()).encode()).hexdigest()
     run_dir = config.run_root / "pipelines" / f"{config.name}-{key[:12]}"
     run_dir.mkdir(parents=True, exist_ok=True)
-    tracker = Tracker(config.experiment, run_name=config.name, sweep_name=config.sweep_name)
-    gin.clear_config()
+    tracker = configured(Tracker)(
+        config.experiment, run_name=config.name, sweep_name=config.sweep_name
+    )
+    clear_config()
     tracker.start(run_dir, "pipeline")
     params = {"pipeline.name": config.name, "pipeline.stages": ",".join(config.stages)}
     for scope in SCOPES:

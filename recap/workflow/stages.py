@@ -17,8 +17,9 @@ from typing import ClassVar
 import numpy as np
 import pyarrow.parquet as pq
 
-from recap.config_check import bound
+from recap.configurable import bound
 from recap.errors import RecapError
+from recap.workflow.bindings import Binding
 
 _TRAIN, _EVALUATE = "recap.commands.train", "recap.commands.evaluate_policy"
 
@@ -50,13 +51,13 @@ class Stage:
         """Keys of ``pipeline.bindings`` / ``STEP:`` bindings it runs with, in this order."""
         return ("all", self.step, *(("evaluate",) if self.evaluation else ()))
 
-    def inputs(self, planned: dict[str, Planned]) -> list[str]:
-        """Bindings pointing it at the outputs of the stages it needs (fingerprinted)."""
+    def inputs(self, planned: dict[str, Planned]) -> list[Binding]:
+        """The results of the stages it needs that it reads (fingerprinted)."""
         return []
 
     def owned(
         self, fingerprint: str, planned: dict[str, Planned], root: Path
-    ) -> tuple[Path | None, list[str]]:
+    ) -> tuple[Path | None, list[Binding]]:
         """Its run directory and the bindings that put its outputs there (not fingerprinted)."""
         raise NotImplementedError
 
@@ -114,7 +115,7 @@ class TrainStage(Stage):
 
     def owned(self, fingerprint, planned, root):
         run_dir = root / self.name / fingerprint[:12]
-        return run_dir, [f'train.run_dir = "{run_dir}"']
+        return run_dir, [Binding("train", "run_dir", run_dir)]
 
     def check(self):  # NVMe parameter offload: can this machine swap at all?
         from recap.engine.deepspeed_config import check_nvme_offload
@@ -181,13 +182,13 @@ class AdvantagesStage(Stage):
         return f"adv_{fingerprint[:12]}"
 
     def inputs(self, planned):
-        return [f'compute_advantages.model_path = "{planned[self.needs[0]].run_dir}"']
+        return [Binding("compute_advantages", "model_path", planned[self.needs[0]].run_dir)]
 
     def owned(self, fingerprint, planned, root):
         run_dir = root / self.name / fingerprint[:12]
         return run_dir, [
-            f'compute_advantages.tag = "{self.tag(fingerprint)}"',
-            f'compute_advantages.output_dir = "{run_dir}"',
+            Binding("compute_advantages", "tag", self.tag(fingerprint)),
+            Binding("compute_advantages", "output_dir", run_dir),
         ]
 
     def outputs(self, run_dir):
@@ -219,8 +220,9 @@ class PolicyStage(TrainStage):
     headline_loss: bool = True
 
     def inputs(self, planned):
-        return [f'policy_data.advantages_tag = "{AdvantagesStage.tag(planned[n].fingerprint)}"'
-                for n in self.needs if isinstance(planned[n].stage, AdvantagesStage)]  # fmt: skip
+        tags = [AdvantagesStage.tag(planned[n].fingerprint) for n in self.needs
+                if isinstance(planned[n].stage, AdvantagesStage)]  # fmt: skip
+        return [Binding("policy_data", "advantages_tag", tag) for tag in tags]
 
     def metrics(self, result):
         if "train/loss" not in result:
@@ -243,8 +245,8 @@ class FinetuneStage(PolicyStage):
     def inputs(self, planned):
         base = next(planned[n].run_dir for n in self.needs
                     if isinstance(planned[n].stage, PolicyStage))  # fmt: skip
-        return [*super().inputs(planned), f'pi05_policy.checkpoint = "{base}"',
-                f'policy_data.checkpoint = "{base}"']  # fmt: skip
+        return [*super().inputs(planned), Binding("pi05_policy", "checkpoint", base),
+                Binding("policy_data", "checkpoint", base)]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -266,7 +268,8 @@ class EvaluateStage(Stage):
 
     def owned(self, fingerprint, planned, root):
         trained = planned[self.trained].run_dir
-        return trained, [f'evaluate_policy.run_dir = "{trained}"', f'train.run_dir = "{trained}"']
+        return trained, [Binding("evaluate_policy", "run_dir", trained),
+                         Binding("train", "run_dir", trained)]  # fmt: skip
 
     def result(self, item):
         record = json.loads((item.run_dir / "closed_loop.json").read_text())

@@ -13,6 +13,7 @@ import torch
 import recap.steps.train  # noqa: F401  (registers policy_data and pi05_policy)
 from recap.cli import parse_gin
 from recap.commands.collect import main
+from recap.configurable import configured
 from recap.core.thresholds import IS_CORRECTION
 from recap.data.lerobot import LocalDataset
 from recap.data.policy_data import policy_data
@@ -39,7 +40,9 @@ def run(tmp_path_factory):
     parse_gin(["demo/policy_bc.gin"], params)
     torch.manual_seed(0)
     (root / "run").mkdir()
-    save_exported(pi05_policy().state_dict(), root / "run" / "model.safetensors", step=0)
+    save_exported(
+        configured(pi05_policy)().state_dict(), root / "run" / "model.safetensors", step=0
+    )
     gin.clear_config()
     yield {"root": root, "argv": ["--gin_file", "demo/policy_bc.gin"] + sum(
         (["--gin_param", p] for p in params), [])}  # fmt: skip
@@ -91,6 +94,6 @@ def test_chunk_adapter_returns_the_chunk_whose_first_action_evaluate_executes(ru
            "state": np.zeros((2, 8), np.float32), "task": ["reach the red target"] * 2}  # fmt: skip
     chunk = ChunkAdapter(model, data, beta=1.0, seed=3)(obs)
     assert chunk.shape == (2, 5, 7) and chunk.dtype == np.float32
-    first = PolicyAdapter(model, policy_data(), beta=1.0, seed=3)(obs)
+    first = PolicyAdapter(model, configured(policy_data)(), beta=1.0, seed=3)(obs)
     np.testing.assert_allclose(chunk[:, 0], first, rtol=1e-6, atol=1e-6)
     gin.clear_config()

@@ -13,6 +13,7 @@ import gin
 
 import recap.steps.train  # noqa: F401  (registers value_model)
 from recap.cli import parse_gin
+from recap.configurable import configured
 from recap.engine import distributed
 from recap.engine.deepspeed_config import deepspeed_config, for_deepspeed
 from recap.engine.trainer import build_model
@@ -27,7 +28,9 @@ def main() -> None:
     distributed.init()
     parse_gin(["value.gin", "models/value_real.gin"], [])
     world = distributed.world_size()
-    config = for_deepspeed(deepspeed_config(world_size=world, max_steps=1, global_batch_size=64))
+    config = for_deepspeed(
+        configured(deepspeed_config)(world_size=world, max_steps=1, global_batch_size=64)
+    )
     start = time.perf_counter()
     model, keepalive = build_model(gin.query_parameter("train.model_fn").scoped_configurable_fn,
                                    config)  # fmt: skip

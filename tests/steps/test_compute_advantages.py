@@ -18,6 +18,7 @@ import torch
 import yaml
 
 from recap.cli import parse_gin
+from recap.configurable import configured
 from recap.core import columns as C
 from recap.core.advantages import VALUE, LabelOptions, add_advantages, labeling_of
 from recap.core.normalize import ReturnRange
@@ -75,7 +76,7 @@ def demo(tmp_path_factory):
     compute_returns(datasets=ENTRIES, data_root=str(root))
     parse_gin(["demo/value.gin"], [])
     torch.manual_seed(0)
-    model = value_model()
+    model = configured(value_model)()
     gin.clear_config()
     model.save_pretrained(root / "pretrained")  # config.json + weights: load_value_model
     save_exported(model.state_dict(), root / "run" / "model.safetensors", step=1)  # as training
@@ -287,7 +288,9 @@ def test_step3_reads_values_back_with_the_range_the_value_run_recorded(demo, tmp
     parse_gin(["demo/value.gin"], [f'train.run_dir = "{tmp_path / "value_run"}"'])
     try:
         tokenizer = str(root / "tokenizer")
-        data = value_data(datasets=ENTRIES[:1], data_root=str(root), tokenizer_path=tokenizer)
+        data = configured(value_data)(
+            datasets=ENTRIES[:1], data_root=str(root), tokenizer_path=tokenizer
+        )
     finally:
         gin.clear_config()
     assert not (tmp_path / "value_run").exists()  # the builder writes nothing

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from recap.cli import parse_gin
+from recap.configurable import configured
 from recap.core import columns as C
 from recap.core.advantages import add_advantages, labeling_of
 from recap.core.normalize import ReturnRange
@@ -84,7 +85,7 @@ def test_step3_with_lookahead_s_on_datasets_of_two_rates(tmp_path):
     compute_returns(datasets=entries, data_root=str(root))
     parse_gin(["demo/value.gin"], [])
     torch.manual_seed(0)
-    value_model().save_pretrained(root / "pretrained")
+    configured(value_model)().save_pretrained(root / "pretrained")
     gin.clear_config()
     out = io.StringIO()
     with one_rank_here(out):

@@ -15,6 +15,7 @@ import torch
 
 import recap.steps.train  # noqa: F401  (registers the train step and the policy configurables)
 from recap.cli import parse_gin
+from recap.configurable import configured
 from recap.data.policy_data import policy_data
 from recap.engine.inference import load_exported
 from recap.envs.reach import write_demo_datasets, write_demo_tokenizer
@@ -63,7 +64,7 @@ def run(tmp_path_factory):
 def reload(run) -> torch.nn.Module:
     gin.clear_config()
     parse_gin(["demo/policy.gin"], run["params"])
-    model = pi05_policy()
+    model = configured(pi05_policy)()
     load_exported(model, run["root"] / "run" / "model.safetensors")
     return model.eval()
 
@@ -89,7 +90,7 @@ def test_export_equals_the_engine_checkpoint_and_samples_reproducibly(run):
     exported = model.state_dict()
     for name, value in engine.items():
         torch.testing.assert_close(exported[name], value, rtol=0, atol=0, msg=name)
-    data = policy_data()
+    data = configured(policy_data)()
     batch = data.__getitems__(list(range(0, len(data), 16)))
     noise = torch.randn(batch["actions"].shape, generator=torch.Generator().manual_seed(0))
     first = model.sample_actions(batch, noise, beta=1.0)
@@ -102,7 +103,9 @@ def test_export_equals_the_engine_checkpoint_and_samples_reproducibly(run):
 
 def test_closed_loop_step_runs_every_beta(run):
     model = reload(run)
-    results = evaluate_policy(num_episodes=4, batch_size=4, betas=[1.0, 2.0], max_steps=6)
+    results = configured(evaluate_policy)(
+        num_episodes=4, batch_size=4, betas=[1.0, 2.0], max_steps=6
+    )
     assert set(results) == {"beta_1", "beta_2"} and all(0 <= r <= 1 for r in results.values())
     record = json.loads((run["root"] / "run" / "closed_loop.json").read_text())
     assert record["success"] == results and record["conditioning"] == "paper"
@@ -111,18 +114,18 @@ def test_closed_loop_step_runs_every_beta(run):
     probe = record["sensitivity"]
     assert set(probe) == {"positive_vs_plain", "positive_vs_negative", "noise_reference"}
     assert probe["noise_reference"] > 0 and probe["positive_vs_plain"] > 0
-    adapter = PolicyAdapter(model, policy_data(), beta=2.0, seed=5)
+    adapter = PolicyAdapter(model, configured(policy_data)(), beta=2.0, seed=5)
     obs = {"images": {"image": np.zeros((2, 64, 64, 3), np.uint8),
                       "wrist_image": np.zeros((2, 64, 64, 3), np.uint8)},
            "state": np.zeros((2, 8), np.float32), "task": ["reach the red target"] * 2}  # fmt: skip
     actions = adapter(obs)
     assert actions.shape == (2, 7) and np.isfinite(actions).all()
-    again = PolicyAdapter(model, policy_data(), beta=2.0, seed=5)(obs)
+    again = PolicyAdapter(model, configured(policy_data)(), beta=2.0, seed=5)(obs)
     np.testing.assert_array_equal(actions, again)
 
 
 def test_the_evaluation_guides_with_each_rlinf_guidance_type(run):
-    model, data = reload(run), policy_data()
+    model, data = reload(run), configured(policy_data)()
     obs = {"images": {"image": np.full((2, 64, 64, 3), 90, np.uint8),
                       "wrist_image": np.full((2, 64, 64, 3), 30, np.uint8)},
            "state": np.zeros((2, 8), np.float32), "task": ["reach the red target"] * 2}  # fmt: skip
@@ -173,6 +176,6 @@ def policy_data_stats(run):
     """The statistics the training data computed (with the run's bindings), then gin cleared."""
     gin.clear_config()
     parse_gin(["demo/policy.gin"], run["params"])
-    stats = policy_data().stats
+    stats = configured(policy_data)().stats
     gin.clear_config()
     return stats

@@ -1,0 +1,124 @@
+"""``recap.configurable``: library code declares its configurables and says where a call takes
+its settings from the configuration; gin is bound to it at the edge (``recap.registry``)."""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+
+import gin
+import pytest
+
+from recap import registry
+from recap.cli import parse_gin
+from recap.config_check import check_required
+from recap.configurable import (
+    DECLARED,
+    REQUIRED,
+    bound,
+    config_entries,
+    configurable,
+    configured,
+    declared_name,
+)
+from recap.errors import RecapError
+
+
+@configurable("probe_scale")
+def probe_scale(x: float = 1.0, factor: float = 2.0, name: str = REQUIRED) -> tuple:
+    """A configurable of this test."""
+    return x * factor, name
+
+
+@configurable()
+class ProbeOptions:
+    def __init__(self, rank: int = 4, alpha: float = 1.0):
+        self.rank, self.alpha = rank, alpha
+
+
+def test_a_declared_function_is_returned_unchanged_and_gin_binds_it_at_the_edge():
+    assert DECLARED["probe_scale"] is probe_scale and declared_name(probe_scale) == "probe_scale"
+    gin.clear_config()
+    try:
+        parse_gin([], ["probe_scale.factor = 10.0", "probe_scale.name = 'bound'"])
+        assert probe_scale(3.0, name="direct") == (6.0, "direct")  # a plain call: no injection
+        assert configured(probe_scale)(3.0) == (30.0, "bound")
+        assert configured(probe_scale)(3.0, factor=0.5) == (1.5, "bound")  # the caller wins
+        assert bound("probe_scale.factor") == 10.0 and bound("probe_scale.x", -1) == -1
+        assert config_entries() == [("probe_scale.factor", "10.0"), ("probe_scale.name", "'bound'")]
+        assert registry.name_of(probe_scale) == "probe_scale"
+        assert registry.declared(gin.get_configurable("probe_scale")) is probe_scale
+    finally:
+        gin.clear_config()
+
+
+def test_a_declared_class_is_configured_and_stays_its_own_type():
+    gin.clear_config()
+    try:
+        parse_gin([], ["ProbeOptions.rank = 16"])
+        options = configured(ProbeOptions)(alpha=0.5)
+        assert type(options) is ProbeOptions and (options.rank, options.alpha) == (16, 0.5)
+        assert ProbeOptions().rank == 4
+    finally:
+        gin.clear_config()
+
+
+def test_required_is_recaps_own_and_checked_before_a_call():
+    assert repr(REQUIRED) == "REQUIRED"
+    assert pickle.loads(pickle.dumps(REQUIRED)) is REQUIRED
+    gin.clear_config()
+    try:
+        parse_gin([], ["probe_scale.factor = 10.0"])
+        with pytest.raises(RecapError) as err:
+            check_required(probe_scale)
+        assert str(err.value) == (
+            "probe_scale.name is required (not bound); bind it, e.g. "
+            "--gin_param 'probe_scale.name = ...'"
+        )
+    finally:
+        gin.clear_config()
+
+
+def test_an_undeclared_object_is_its_own_configured_version():
+    assert configured(len) is len
+
+
+def test_a_bare_decorator_or_a_name_declared_twice_is_an_error():
+    with pytest.raises(TypeError) as err:
+
+        @configurable
+        def bare():
+            pass
+
+    assert str(err.value).startswith("write @configurable() or @configurable('name'), not ")
+    with pytest.raises(ValueError) as err:
+
+        @configurable("probe_scale")
+        def other():
+            pass
+
+    assert str(err.value) == (
+        "configurable 'probe_scale' is declared twice: tests.test_configurable.probe_scale and "
+        "tests.test_configurable.test_a_bare_decorator_or_a_name_declared_twice_is_an_error."
+        "<locals>.other"
+    )
+
+
+def test_library_modules_import_no_gin_and_take_no_settings_without_the_edge():
+    code = (
+        "import sys\n"
+        "import recap.steps.compute_returns, recap.steps.relabel, recap.workflow.stages\n"
+        "from recap.configurable import bound, configured, config_text\n"
+        "from recap.steps.compute_returns import compute_returns\n"
+        "assert 'gin' not in sys.modules, 'gin imported'\n"
+        "assert configured(compute_returns) is compute_returns\n"
+        "assert bound('compute_returns.gamma', 0.5) == 0.5 and config_text() == ''\n"
+        "import recap.registry\n"
+        "assert configured(compute_returns) is not compute_returns\n"
+        "print('ok')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "ok\n"
