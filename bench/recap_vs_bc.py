@@ -211,8 +211,9 @@ from recap.cli import parse_gin
 import recap.steps.train  # noqa: F401  (registers train, policy_data, pi05_policy)
 from recap.models.adapters import trainable_count
 from recap.models.pi05 import pi05_policy
+from recap.configurable import configured
 parse_gin(json.loads(sys.argv[1]), json.loads(sys.argv[2]))
-model = pi05_policy()
+model = configured(pi05_policy)()
 total = sum(p.numel() for p in model.parameters())
 print(json.dumps({"trainable_parameters": trainable_count(model), "parameters": total}))
 """

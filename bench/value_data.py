@@ -17,6 +17,7 @@ import torch
 
 import recap.steps.train  # noqa: F401  (registers the gin configurables)
 from recap.cli import parse_gin
+from recap.configurable import configured
 from recap.data.datasets import value_data
 from recap.engine.loader import batch_loader
 from recap.models.value import value_model
@@ -36,7 +37,7 @@ def loader_rate(dataset, batch: int, workers: int, batches: int) -> float:
 
 def training_rate(dataset, batch: int, steps: int) -> float:
     torch.manual_seed(0)
-    model = value_model().train()
+    model = configured(value_model)().train()
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
     batches = [dataset.__getitems__(list(range(i * batch, (i + 1) * batch))) for i in range(4)]
     for b in batches[:1]:  # warm-up
@@ -57,7 +58,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=60)
     args = parser.parse_args()
     parse_gin([args.gin_file], [])
-    dataset = value_data()
+    dataset = configured(value_data)()
     main_process = loader_rate(dataset, args.batch, 0, args.batches)
     workers = loader_rate(dataset, args.batch, 2, args.batches)
     training = training_rate(dataset, args.batch, 30)

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from recap.cli import parse_gin
+from recap.configurable import configured
 from recap.core.normalize import ReturnRange
 from recap.data.datasets import ValueDataset
 from recap.data.sidecars import read_returns
@@ -55,8 +56,8 @@ def models() -> tuple[ValueModel, ValueModel]:
     """(truncated, full) demo-size value models with the same random weights, eval mode."""
     parse_gin(["demo/value.gin"], [])
     torch.manual_seed(0)
-    full = value_model(truncate_backbone=False).eval()
-    truncated = value_model().eval()
+    full = configured(value_model)(truncate_backbone=False).eval()
+    truncated = configured(value_model)().eval()
     gin.clear_config()
     truncated.load_state_dict(full.state_dict(), strict=False)  # the unread layer is absent
     return truncated, full

@@ -26,6 +26,8 @@ what it calls (``recap-returns`` never loads torch), so:
   ``pi05_policy.lora`` / ``freeze``.
 - ``name_of(fn)``: the name a configurable function or class is registered under (the declared
   object or gin's wrapper of it); ``declared(fn)``: the declared object behind gin's wrapper.
+- ``bound(key)``, ``config_entries()``, ``resolve(value)``: the parsed config read through gin's
+  public API (``recap.configurable.bound`` / ``config_entries`` reach these).
 """
 
 from __future__ import annotations

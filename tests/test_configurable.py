@@ -108,7 +108,7 @@ def test_a_bare_decorator_or_a_name_declared_twice_is_an_error():
 def test_library_modules_import_no_gin_and_take_no_settings_without_the_edge():
     code = (
         "import sys\n"
-        "import recap.steps.compute_returns, recap.steps.relabel, recap.workflow.stages\n"
+        "import recap.steps.compute_returns, recap.steps.relabel, recap.tracking\n"
         "from recap.configurable import bound, configured, config_text\n"
         "from recap.steps.compute_returns import compute_returns\n"
         "assert 'gin' not in sys.modules, 'gin imported'\n"

@@ -9,6 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from recap.pipeline import load_pipeline, plan, split_params
+from recap.workflow.bindings import lines
 from recap.workflow.report import (
     PAIRED_SEED,
     paired,
@@ -46,10 +47,10 @@ def test_the_sft_stage_feeds_both_fine_tunes_and_their_evaluations(demo):
     assert str(sft) == f"runs/pipeline/sft/{items['sft'].short}"
     base = [f'pi05_policy.checkpoint = "{sft}"', f'policy_data.checkpoint = "{sft}"']
     tag = f'policy_data.advantages_tag = "adv_{items["advantages"].short}"'
-    assert items["finetune"].stage.inputs(items) == [tag, *base]
-    assert items["finetune_bc"].stage.inputs(items) == base
-    assert items["evaluate_finetune"].stage.inputs(items) == [tag, *base]
-    assert items["evaluate_finetune_bc"].stage.inputs(items) == base
+    assert lines(items["finetune"].stage.inputs(items)) == [tag, *base]
+    assert lines(items["finetune_bc"].stage.inputs(items)) == base
+    assert lines(items["evaluate_finetune"].stage.inputs(items)) == [tag, *base]
+    assert lines(items["evaluate_finetune_bc"].stage.inputs(items)) == base
     for name in ("finetune", "finetune_bc", "evaluate_finetune", "evaluate_finetune_bc"):
         assert all(b in items[name].params for b in base), name
 

@@ -172,8 +172,8 @@ def load_served(
 
     sizes = {}
     if gin:  # an older recap run (its processor rebuilt from its bindings), or stand-in sizes
-        import recap.data.policy_data  # noqa: F401  (registers policy_data with gin)
-        import recap.models.pi05  # noqa: F401  (registers pi05_policy with gin)
+        import recap.data.policy_data  # noqa: F401  (declares policy_data)
+        import recap.models.pi05  # noqa: F401  (declares pi05_policy)
         from recap.cli import parse_gin
 
         parse_gin(list(gin_files), list(gin_params))

@@ -27,7 +27,7 @@ import pyarrow as pa
 import torch
 from tqdm.auto import tqdm
 
-import recap.steps.train  # noqa: F401  (registers train/value_model/value_data: value gin files)
+import recap.steps.train  # noqa: F401  (declares train/value_model/value_data: value gin files)
 from recap import logs, viz
 from recap.configurable import REQUIRED, configurable, configured
 from recap.core import columns as C

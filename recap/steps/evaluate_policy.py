@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
-import recap.steps.train  # noqa: F401  (registers train, policy_data and pi05_policy with gin)
+import recap.steps.train  # noqa: F401  (declares train, policy_data and pi05_policy)
 from recap import logs
 from recap.configurable import configurable
 from recap.data.sidecars import write_atomic

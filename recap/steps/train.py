@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-import recap.data.datasets  # noqa: F401  (registers value_data with gin)
-import recap.data.policy_data  # noqa: F401  (registers policy_data with gin)
-import recap.models.pi05  # noqa: F401  (registers pi05_policy: gin/policy.gin wires both)
-import recap.models.toy  # noqa: F401  (registers toy_model / toy_data with gin)
-import recap.models.value  # noqa: F401  (registers value_model with gin)
+import recap.data.datasets  # noqa: F401  (declares value_data)
+import recap.data.policy_data  # noqa: F401  (declares policy_data)
+import recap.models.pi05  # noqa: F401  (declares pi05_policy: gin/policy.gin wires both)
+import recap.models.toy  # noqa: F401  (declares toy_model / toy_data)
+import recap.models.value  # noqa: F401  (declares value_model)
 from recap import logs
 from recap.configurable import REQUIRED, configurable, configured
 from recap.engine import distributed

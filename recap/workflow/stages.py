@@ -33,7 +33,7 @@ class Stage:
     one) added to ``STAGES``: the planner, the runner and the summary only call these hooks.
 
     The class says what runs (``module``: ``python -m`` / ``deepspeed --module``; ``entry``: the
-    configurable it calls, its ``gin.REQUIRED`` values checked at plan time; ``distributed``:
+    configurable it calls, its ``REQUIRED`` values checked at plan time; ``distributed``:
     under ``deepspeed``, tracking itself in MLflow; ``evaluation``: a closed-loop evaluation,
     run only with ``pipeline.evaluate``)."""
 
