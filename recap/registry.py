@@ -27,12 +27,15 @@ what it calls (``recap-returns`` never loads torch), so:
 - ``name_of(fn)``: the name a configurable function or class is registered under (the declared
   object or gin's wrapper of it); ``declared(fn)``: the declared object behind gin's wrapper.
 - ``bound(key)``, ``config_entries()``, ``resolve(value)``: the parsed config read through gin's
-  public API (``recap.configurable.bound`` / ``config_entries`` reach these).
+  public API (``recap.configurable.bound`` / ``config_entries`` reach these); ``literal(value)``:
+  a value written as gin parses it back (what the pipeline and the sweeps hand a step).
 """
 
 from __future__ import annotations
 
 import importlib
+import json
+import os
 import sys
 from collections.abc import Callable, Iterable
 
@@ -156,6 +159,28 @@ def config_entries(macros: bool = False) -> list[tuple[str, str]]:
     want = "macros" if macros else "bindings"
     return [(key, text.strip()) for kind, line in statements if kind == want
             for key, _, text in [line.partition(" = ")]]  # fmt: skip
+
+
+def literal(value: object) -> str:
+    """``value`` written as a literal gin parses back to it: strings and paths in double quotes,
+    lists, tuples and dicts of literals, numbers, booleans, None."""
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if value is None or isinstance(value, (bool, int, float)):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        items = ", ".join(literal(v) for v in value)
+        return (
+            f"[{items}]"
+            if isinstance(value, list)
+            else f"({items}{',' if len(value) == 1 else ''})"
+        )
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{literal(k)}: {literal(v)}" for k, v in value.items()) + "}"
+    raise RecapError(f"binding value {value!r:.100}: not a literal (string, path, number, bool, "
+                     "None, or a list, tuple or dict of those)")  # fmt: skip
 
 
 GIN = GinConfiguration()

@@ -4,10 +4,10 @@ and the pipeline's ``--sweep`` (whole-pipeline sweeps)."""
 from __future__ import annotations
 
 import itertools
-import json
 from pathlib import Path
 
 from recap.errors import RecapError
+from recap.registry import literal
 
 
 def load_sweep(path: str, keys: set[str]) -> dict:
@@ -38,9 +38,8 @@ def points(grid: dict[str, list]) -> list[dict]:
 
 
 def binding(key: str, value) -> str:
-    """``key = value`` as a gin binding line (strings quoted, other values as Python literals)."""
-    literal = json.dumps(value) if isinstance(value, str) else repr(value)
-    return f"{key} = {literal}"
+    """``key = value`` as a gin binding line (``recap.registry.literal``)."""
+    return f"{key} = {literal(value)}"
 
 
 def label(point: dict) -> str:

@@ -8,13 +8,11 @@ renamed parameter is one line at plan time, not a step that silently ignores its
 from __future__ import annotations
 
 import inspect
-import json
-import os
 from dataclasses import dataclass
 
 from recap.configurable import DECLARED
 from recap.errors import RecapError
-from recap.registry import CONFIGURABLES
+from recap.registry import CONFIGURABLES, literal
 
 
 @dataclass(frozen=True)
@@ -51,28 +49,6 @@ class Binding:
         """The binding as one gin line (checked first)."""
         self.check()
         return f"{self.key} = {literal(self.value)}"
-
-
-def literal(value: object) -> str:
-    """``value`` written as a literal gin parses back to it: strings and paths in double quotes,
-    lists, tuples and dicts of literals, numbers, booleans, None."""
-    if isinstance(value, os.PathLike):
-        value = os.fspath(value)
-    if isinstance(value, str):
-        return json.dumps(value)
-    if value is None or isinstance(value, (bool, int, float)):
-        return repr(value)
-    if isinstance(value, (list, tuple)):
-        items = ", ".join(literal(v) for v in value)
-        return (
-            f"[{items}]"
-            if isinstance(value, list)
-            else f"({items}{',' if len(value) == 1 else ''})"
-        )
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{literal(k)}: {literal(v)}" for k, v in value.items()) + "}"
-    raise RecapError(f"binding value {value!r:.100}: not a literal (string, path, number, bool, "
-                     "None, or a list, tuple or dict of those)")  # fmt: skip
 
 
 def lines(bindings: list[Binding]) -> list[str]:
