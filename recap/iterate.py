@@ -63,19 +63,12 @@ from recap.configurable import REQUIRED, clear_config, configurable, configured
 from recap.envs.factory import ENVS, EXPERTS, known_env
 from recap.errors import RecapError
 from recap.io import write_json
-from recap.pipeline import (
-    finished,
-    load_pipeline,
-    plan,
-    run_pipeline,
-    split_params,
-    stamp,
-    unchanged,
-)
+from recap.pipeline import finished, load_pipeline, plan, run_pipeline, split_params
 from recap.registry import register
 from recap.workflow.bindings import Binding, lines
 from recap.workflow.config import PipelineConfig
 from recap.workflow.report import summary_metrics
+from recap.workflow.store import stamp, unchanged
 
 log = logs.get(__name__)
 MARKERS = ".iterate"
@@ -673,10 +666,8 @@ def run_iterations(
         run_pipeline(boot, scoped, planned=boot_plan)
     from recap.tracking import Tracker
 
-    records, uri = (
-        [],
-        configured(Tracker)(settings.experiment).uri,
-    )  # where the runs are (all skipped too)
+    records = []
+    uri = configured(Tracker)(settings.experiment).uri  # where the runs are (all skipped too)
     total = len(iterations)
     for it in iterations:
         record = finished_iteration(root, it)

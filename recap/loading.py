@@ -220,9 +220,8 @@ def load_policy(
             model = build_pi05(read_config(path))
         elif processor is None:
             check_gin_run(path)
-            model = configured(
-                pi05_policy
-            )()  # an older run: its sizes from the parsed gin bindings
+            # an older run: its sizes from the parsed gin bindings
+            model = configured(pi05_policy)()
         else:
             raise RecapError(f"{path}: processor.json without {RECAP_CONFIG_FILE}; re-export "
                              "the run (its sizes are unknown)")  # fmt: skip

@@ -50,7 +50,6 @@ after everything else. Step 1 writes the returns tag of its own gin files.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
@@ -66,15 +65,16 @@ from recap.config_check import check_required, macros_read
 from recap.configurable import REQUIRED, clear_config, configurable, configured
 from recap.configurable import config_text as parsed_config_text
 from recap.errors import RecapError
-from recap.io import write_json
+from recap.ports import free_port
+from recap.workflow import store
 from recap.workflow.bindings import Binding, lines
 from recap.workflow.config import PipelineConfig
 from recap.workflow.fingerprints import stage_fingerprint
+from recap.workflow.launch import deepspeed_executable, gin_flags, module_argv
 from recap.workflow.report import summary_metrics, summary_table, track, ui_address
 from recap.workflow.stages import BY_NAME, SCOPES, STAGES, STEP_KEYS, Planned
 
 log = logs.get(__name__)
-MARKERS = ".pipeline"
 MULTINODE_LAUNCHERS = ("pdsh", "openmpi", "mvapich", "slurm", "impi")  # deepspeed --launcher
 
 
@@ -312,34 +312,9 @@ def _plan(config: PipelineConfig, scoped: dict[str, list[str]]) -> dict[str, Pla
 # ---- running ----------------------------------------------------------------------------------
 
 
-def _marker(root: Path, item: Planned) -> Path:
-    return root / MARKERS / f"{item.stage.name}-{item.fingerprint}.json"
-
-
-def stamp(paths: list[Path]) -> dict[str, list[int]]:
-    """Size and modification time (ns) of each file, keyed by its path."""
-    out = {}
-    for path in paths:
-        st = path.stat()
-        out[str(path)] = [st.st_size, st.st_mtime_ns]
-    return out
-
-
-def unchanged(outputs: dict[str, list[int]]) -> bool:
-    """Whether every file ``stamp`` recorded in ``outputs`` is still there as it was."""
-    try:
-        return stamp([Path(p) for p in outputs]) == outputs
-    except OSError:
-        return False
-
-
 def finished(root: Path, item: Planned) -> dict | None:
     """The stage's marker record when its outputs are still as it left them, else None."""
-    marker = _marker(root, item)
-    if not marker.is_file():
-        return None
-    record = json.loads(marker.read_text())
-    return record if unchanged(record.get("outputs", {})) else None
+    return store.finished(root, item.stage.name, item.fingerprint)
 
 
 def command(item: Planned, config: PipelineConfig) -> tuple[list[str], dict[str, str]]:
@@ -347,19 +322,14 @@ def command(item: Planned, config: PipelineConfig) -> tuple[list[str], dict[str,
     sets its own up in ``distributed.init``): ``deepspeed --num_gpus N --master_port P --module
     MODULE`` (plus the multi-node flags that are set) or ``python -m MODULE``, so an installed
     recap needs no checkout."""
-    from recap.ports import free_port
-
     module = item.stage.module
-    flags = [a for f in item.files for a in ("--gin_file", f)]
-    flags += [a for p in item.params for a in ("--gin_param", p)]
+    flags = gin_flags(item.files, item.params)
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     if item.stage.distributed and config.launcher == "deepspeed":
-        launcher = Path(sys.executable).parent / "deepspeed"
-        argv = [str(launcher) if launcher.exists() else "deepspeed"]
-        argv += ["--num_gpus", str(config.ranks), "--master_port", str(free_port())]
-        argv += _multinode_flags(config)
-        return [*argv, "--module", module, *flags], env
-    return [sys.executable, "-m", module, *flags], env
+        words = [deepspeed_executable(), "--num_gpus", str(config.ranks),
+                 "--master_port", str(free_port()), *_multinode_flags(config)]  # fmt: skip
+        return [*module_argv(words, module), *flags], env
+    return [*module_argv(["python"], module), *flags], env
 
 
 def _multinode_flags(config: PipelineConfig) -> list[str]:
@@ -407,7 +377,7 @@ def run_pipeline(
     planned = plan(config, scoped) if planned is None else planned
     skips = decide(config, planned, force)
     root = config.run_root
-    (root / MARKERS).mkdir(parents=True, exist_ok=True)
+    (root / store.MARKERS).mkdir(parents=True, exist_ok=True)
     report: dict[str, dict] = {}
     total = len(planned)
     for index, (name, item) in enumerate(planned.items(), start=1):
@@ -434,9 +404,9 @@ def run_pipeline(
             "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "params": item.params,
             "result": result_of(item),
-            "outputs": stamp(item.outputs),
+            "outputs": store.stamp(item.outputs),
         }
-        write_json(_marker(root, item), record)
+        store.record(root, name, item.fingerprint, record)
         report[name] = {**record, "status": "ran"}
     return report
 

@@ -18,8 +18,8 @@ what it calls (``recap-returns`` never loads torch), so:
   ``@configurable`` in recap's source and against gin after ``register_all()``.
 - ``register(*names)`` / ``register_all()``: import the modules of those configurables (the
   pipeline registers every one and so checks every binding before anything runs). Modules are
-  imported by name (``importlib``): importing this module imports nothing of recap, so the
-  registry sits below everything in ``.importlinter``'s layers and a light process stays light.
+  imported by name (``importlib``): importing this module imports nothing of recap beyond
+  ``recap.configurable`` and ``recap.errors``, so a light process stays light.
 - ``PARSE_CHECKS`` (check -> the configurables whose bindings it validates):
   ``run_parse_checks()`` runs each check whose configurables this process has registered (their
   bindings were parsed, not skipped), e.g. ``recap.config_check.check_model_options`` on
@@ -37,7 +37,7 @@ import importlib
 import json
 import os
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 import gin
 from gin.config import ConfigurableReference
@@ -172,11 +172,9 @@ def literal(value: object) -> str:
         return repr(value)
     if isinstance(value, (list, tuple)):
         items = ", ".join(literal(v) for v in value)
-        return (
-            f"[{items}]"
-            if isinstance(value, list)
-            else f"({items}{',' if len(value) == 1 else ''})"
-        )
+        if isinstance(value, list):
+            return f"[{items}]"
+        return f"({items},)" if len(value) == 1 else f"({items})"
     if isinstance(value, dict):
         return "{" + ", ".join(f"{literal(k)}: {literal(v)}" for k, v in value.items()) + "}"
     raise RecapError(f"binding value {value!r:.100}: not a literal (string, path, number, bool, "
@@ -242,7 +240,3 @@ def name_of(fn: Callable) -> str:
     except (ValueError, KeyError):
         pass
     raise RecapError(f"gin: {fn!r} is not a gin configurable")
-
-
-def _loaded(names: Iterable[str]) -> list[str]:
-    return [name for name in names if registered(name)]

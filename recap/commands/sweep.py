@@ -32,10 +32,10 @@ from pathlib import Path
 import recap.sweep
 from recap.cli import parse_gin
 from recap.errors import RecapError
-from recap.ports import free_port
 from recap.sweep import binding as _binding
 from recap.sweep import label as _label
 from recap.sweep import points
+from recap.workflow.launch import gin_flags, module_argv
 
 TRAIN = "recap.commands.train"
 KEYS = {"name", "gin_files", "gin_params", "launcher", "run_root", "grid"}
@@ -46,18 +46,6 @@ __all__ = ["command", "load_sweep", "main", "point_params", "points", "validate"
 def load_sweep(path: str) -> dict:
     """Read and check a sweep file; errors name the file and the field."""
     return recap.sweep.load_sweep(path, KEYS)
-
-
-def _launch(launcher: str, module: str) -> list[str]:
-    """The launcher's words followed by what makes it run ``module``."""
-    words = shlex.split(launcher)
-    if words[0] in ("python", "python3"):
-        return [sys.executable, *words[1:], "-m", module]
-    if Path(words[0]).name == "deepspeed":
-        if "--master_port" not in words:
-            words += ["--master_port", str(free_port())]
-        return [*words, "--module", module]
-    return [*words, "-m", module]
 
 
 def point_params(spec: dict, index: int, point: dict, extra: Sequence[str]) -> list[str]:
@@ -77,9 +65,8 @@ def point_params(spec: dict, index: int, point: dict, extra: Sequence[str]) -> l
 
 def command(spec: dict, params: Sequence[str]) -> list[str]:
     """Argv of one point's training launch."""
-    files = [arg for f in spec["gin_files"] for arg in ("--gin_file", f)]
-    bindings = [arg for p in params for arg in ("--gin_param", p)]
-    return [*_launch(spec.get("launcher", "python"), TRAIN), *files, *bindings]
+    launcher = shlex.split(spec.get("launcher", "python"))
+    return [*module_argv(launcher, TRAIN), *gin_flags(spec["gin_files"], params)]
 
 
 def validate(spec: dict, all_params: list[list[str]]) -> None:
