@@ -271,7 +271,6 @@ def test_a_fingerprint_hashes_the_complete_config_and_fails_loudly(tmp_path, mon
     """Values that differ after character 6,000 (MLflow's param limit) are different stages;
     a macro counts through the values that read it; Tracker bindings (where a run is logged) do
     not count; no config text, no plan."""
-    import gin
 
     note = f'value:NOTE = "{"x" * 7000}a"'
     base = fingerprints(tmp_path, note, "value:train.step_name = %NOTE")
