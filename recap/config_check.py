@@ -37,9 +37,8 @@ from gin.config import Configurable, ConfigurableReference, parse_value
 from gin.config import macro as gin_macro
 
 from recap import registry
-from recap.configurable import REQUIRED
 from recap.errors import RecapError
-from recap.registry import bound, config_entries, macro_value, refers_to, resolve
+from recap.registry import bound, config_entries, is_required, macro_value, refers_to, resolve
 
 
 @dataclass(frozen=True)
@@ -85,17 +84,12 @@ def _required_params(
         fn = fn.__init__
     required, defaults, skip = [], [], set(bound_names)
     for param in inspect.signature(fn).parameters.values():
-        if _is_required(param.default):
+        if is_required(param.default):
             required.append(param.name)
         elif param.default is not param.empty and callable(param.default):
             if param.name not in skip:
                 defaults.append(param.default)
     return required, defaults
-
-
-def _is_required(value: object) -> bool:
-    """recap's ``REQUIRED`` default (``recap.configurable``), or gin's."""
-    return value is REQUIRED or value is gin.REQUIRED
 
 
 def _is_constant(ref: object) -> bool:
@@ -127,7 +121,7 @@ def _unresolved(value: object) -> tuple[bool, str | None]:
     while refers_to(value, gin_macro):
         macro = "/".join(value.scopes)
         value = macro_value(macro)
-    return _is_required(value) or _is_required_constant(value), macro
+    return is_required(value) or _is_required_constant(value), macro
 
 
 def _reached(root: str | Callable) -> Iterator[tuple[Configurable, list[str], dict]]:

@@ -23,9 +23,8 @@ from pathlib import PurePath
 import gin
 from gin.config import ConfigurableReference
 
-from recap.configurable import REQUIRED
 from recap.errors import RecapError
-from recap.registry import declared, name_of
+from recap.registry import declared, is_required, name_of
 
 EXCLUDED = ("Tracker",)  # where a run is logged, not what it computes
 _BINDING = re.compile(r"^([A-Za-z_][\w./]*)\s*=")
@@ -81,7 +80,7 @@ class _Resolver:
         if depth > 50:
             raise self.fail(f"a value nests deeper than 50 levels: {value!r:.200}")
         again = lambda v: self.canonical(v, scope, depth + 1)  # noqa: E731
-        if value is REQUIRED or value is gin.REQUIRED:
+        if is_required(value):
             return {"gin": "REQUIRED"}
         if value is None or isinstance(value, (bool, int, str)):
             return value

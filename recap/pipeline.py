@@ -262,13 +262,13 @@ def config_text(where: str) -> str:
             f"pipeline step {where}: its config could not be written ({type(exc).__name__}: "
             f"{exc}); the stage fingerprint needs its complete config"
         ) from exc
-    lines = [line for line in text.splitlines() if line.strip() and not line.startswith("#")]
-    if not lines:
+    written = [line for line in text.splitlines() if line.strip() and not line.startswith("#")]
+    if not written:
         raise RecapError(
             f"pipeline step {where}: its config lists no binding of its gin files; "
             "the stage fingerprint needs its complete config"
         )
-    return "\n".join(line for line in lines if not _TRACKER_LINE.match(line))
+    return "\n".join(line for line in written if not _TRACKER_LINE.match(line))
 
 
 def plan(config: PipelineConfig, scoped: dict[str, list[str]]) -> dict[str, Planned]:

@@ -115,6 +115,12 @@ def macro_value(name: str) -> object:
         return gin.REQUIRED
 
 
+def is_required(value: object) -> bool:
+    """A required default: recap's ``REQUIRED`` (``recap.configurable``), or gin's own (a
+    ``gin.REQUIRED`` default, an unbound macro)."""
+    return value is configurable.REQUIRED or value is gin.REQUIRED
+
+
 def resolve(value: object) -> object:
     """A bound value with its macros replaced by their values, in lists and dicts too (what gin
     passes at call time; references to other configurables are left as they are)."""
