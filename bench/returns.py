@@ -31,7 +31,7 @@ import numpy as np
 from recap.core import columns as C
 from recap.data.lerobot import LocalDataset
 from recap.data.lerobot_writer import Episode, WriterConfig, write_lerobot_dataset
-from recap.steps.compute_returns import compute_returns
+from recap.steps.compute_returns import ReturnsConfig, compute_returns
 
 TARGET = "Step 1 within 1.15x (v2.1) and 1.5x (v3.0) of reading its columns"
 LIMITS = {"v2.1": 1.15, "v3.0": 1.5}
@@ -67,7 +67,7 @@ def floor(path: Path) -> None:
 
 
 def step1(path: Path) -> None:
-    compute_returns(datasets=[{"name": "bench", "root": str(path)}], tag="bench")
+    compute_returns(ReturnsConfig(datasets=[{"name": "bench", "root": str(path)}], tag="bench"))
 
 
 def timed(fn, path: Path) -> float:

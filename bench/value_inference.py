@@ -32,7 +32,7 @@ from recap.data.transforms import load_tokenizer
 from recap.envs.reach import write_demo_datasets, write_demo_tokenizer
 from recap.models.value import ValueModel, value_model
 from recap.steps.compute_advantages import infer_values
-from recap.steps.compute_returns import compute_returns
+from recap.steps.compute_returns import ReturnsConfig, compute_returns
 
 TARGET = "report the ratio"
 DATA = Path(__file__).resolve().parent / "_data" / "value_inference"
@@ -45,7 +45,7 @@ def demo_data(root: Path) -> ValueDataset:
     if not (root / "rollout" / "meta" / "returns.parquet").is_file():
         write_demo_datasets(root, sft_episodes=30, rollout_episodes=60, eval_episodes=1)
         write_demo_tokenizer(root)
-        compute_returns(datasets=ENTRIES, data_root=str(root))
+        compute_returns(ReturnsConfig(datasets=ENTRIES, data_root=str(root)))
     specs = parse_dataset_specs(ENTRIES, root)
     stats = [read_returns(s.root, "")[1] for s in specs]
     rng = ReturnRange.union([ReturnRange(s["return_min"], s["return_max"]) for s in stats])

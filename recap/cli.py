@@ -23,10 +23,11 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from recap import registry
 from recap.config_check import check_config_dicts, check_required, gin_error_line
-from recap.configurable import configured
+from recap.configurable import config_class, configured
 from recap.errors import RecapError, one_line
 
 
@@ -118,14 +119,16 @@ def parse_gin(files: Sequence[str], params: Sequence[str]) -> None:
     registry.run_parse_checks()
 
 
-def run_command(step: Callable[[], object], argv: Sequence[str] | None = None) -> int:
-    """Parse flags and gin, call ``step()`` (its arguments come from gin); a ``RecapError``
-    prints one line and returns 2, success returns 0."""
+def run_command(step: Callable[[Any], object], argv: Sequence[str] | None = None) -> int:
+    """Parse flags and gin, call ``step(config)`` with its config dataclass built from gin
+    (``recap.configurable.config_class``); a ``RecapError`` prints one line and returns 2,
+    success returns 0."""
     args = build_parser(step.__doc__.splitlines()[0] if step.__doc__ else None).parse_args(argv)
+    config = config_class(step)
     try:
         parse_gin(args.gin_file, args.gin_param)
-        check_required(step)  # every REQUIRED value this call reaches, before it runs
-        configured(step)()
+        check_required(config)  # every REQUIRED value this call reaches, before it runs
+        step(configured(config)())
         if "torch.distributed" in sys.modules:  # a step that joined a process group leaves it
             from recap.engine import distributed
 
@@ -136,7 +139,7 @@ def run_command(step: Callable[[], object], argv: Sequence[str] | None = None) -
     return 0
 
 
-def run_step(step: Callable[[], object], argv: Sequence[str] | None = None) -> int:
+def run_step(step: Callable[[Any], object], argv: Sequence[str] | None = None) -> int:
     """``run_command`` that exits with status 2 on a ``RecapError`` (returns 0 otherwise)."""
     code = run_command(step, argv)
     if code:

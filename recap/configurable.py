@@ -15,14 +15,20 @@ imports gin.
 - ``bound(key, default)``, ``config_entries()``, ``config_text()``, ``clear_config()``: the
   parsed configuration read (and forgotten) through the installed edge.
 - ``config_fields(...)``: a model factory takes exactly the fields of its config dataclass.
+- ``check_given(config)``, ``config_class(step)``: a step takes one frozen config dataclass,
+  declared configurable under the step's name (``compute_returns(ReturnsConfig(...))``; gin binds
+  ``compute_returns.*`` to the dataclass's fields); the CLI builds it from the configuration.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
+import typing
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
+
+from recap.errors import RecapError
 
 T = TypeVar("T")
 
@@ -160,3 +166,26 @@ def config_fields(config: type, **dicts: type | tuple[type, tuple[str, ...]]) ->
         return fn
 
     return declare
+
+
+def check_given(config: object) -> None:
+    """One-line ``RecapError`` when the config dataclass ``config`` was built without one of its
+    REQUIRED fields (a step config's ``__post_init__`` calls it: a direct call fails here, not
+    deep inside the step)."""
+    name = declared_name(type(config))
+    for field in dataclasses.fields(config):  # type: ignore[arg-type]
+        if getattr(config, field.name) is REQUIRED:
+            raise RecapError(f"{name}.{field.name} is required; give "
+                             f"{type(config).__name__}({field.name}=...) or bind it, e.g. "
+                             f"--gin_param '{name}.{field.name} = ...'")  # fmt: skip
+
+
+def config_class(step: Callable) -> type:
+    """The config dataclass ``step`` takes: the annotation of its one parameter, a declared
+    configurable (``def compute_returns(config: ReturnsConfig)``)."""
+    params = list(inspect.signature(step).parameters)
+    cls = typing.get_type_hints(step).get(params[0]) if len(params) == 1 else None
+    if not dataclasses.is_dataclass(cls) or declared_name(cls) is None:
+        raise TypeError(f"{_where(step)}: a step takes one parameter, annotated with its config "
+                        "dataclass declared @configurable('<step name>')")  # fmt: skip
+    return cls  # type: ignore[return-value]

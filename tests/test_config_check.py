@@ -306,9 +306,11 @@ def test_the_registry_knows_every_configurable_in_recap_and_its_module():
 def test_the_registry_names_a_configurable_by_its_function():
     from recap import registry
     from recap.iterate import IterateConfig
-    from recap.steps.train import train
+    from recap.models.toy import toy_model
+    from recap.steps.train import TrainConfig
 
-    assert registry.name_of(train) == "train"
+    assert registry.name_of(toy_model) == "toy_model"
+    assert registry.name_of(TrainConfig) == "train"  # a step's config, under the step's name
     assert registry.name_of(IterateConfig) == "iterate"
     assert registry.name_of(check_inner) == f"{__name__}.check_inner"  # not recap's: gin's name
     with pytest.raises(RecapError) as err:

@@ -3,6 +3,7 @@ its settings from the configuration; gin is bound to it at the edge (``recap.reg
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 import subprocess
 import sys
@@ -17,6 +18,8 @@ from recap.configurable import (
     DECLARED,
     REQUIRED,
     bound,
+    check_given,
+    config_class,
     config_entries,
     configurable,
     configured,
@@ -110,15 +113,75 @@ def test_library_modules_import_no_gin_and_take_no_settings_without_the_edge():
         "import sys\n"
         "import recap.steps.compute_returns, recap.steps.relabel, recap.tracking\n"
         "from recap.configurable import bound, configured, config_text\n"
-        "from recap.steps.compute_returns import compute_returns\n"
+        "from recap.steps.compute_returns import ReturnsConfig\n"
         "assert 'gin' not in sys.modules, 'gin imported'\n"
-        "assert configured(compute_returns) is compute_returns\n"
+        "assert configured(ReturnsConfig) is ReturnsConfig\n"
         "assert bound('compute_returns.gamma', 0.5) == 0.5 and config_text() == ''\n"
         "import recap.registry\n"
-        "assert configured(compute_returns) is not compute_returns\n"
+        "assert configured(ReturnsConfig) is not ReturnsConfig\n"
         "print('ok')\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "ok\n"
+
+
+@configurable("probe_step")
+@dataclasses.dataclass(frozen=True)
+class ProbeStepConfig:
+    datasets: list = REQUIRED
+    gamma: float = 0.99
+
+    def __post_init__(self):
+        check_given(self)
+
+
+def probe_step(config: ProbeStepConfig) -> float:
+    return config.gamma * len(config.datasets)
+
+
+def test_a_step_takes_its_config_dataclass_built_directly_or_from_the_configuration():
+    assert probe_step(ProbeStepConfig(datasets=[1, 2], gamma=0.5)) == 1.0  # a plain call
+    with pytest.raises(RecapError) as err:
+        ProbeStepConfig(gamma=0.5)
+    assert str(err.value) == (
+        "probe_step.datasets is required; give ProbeStepConfig(datasets=...) or bind it, e.g. "
+        "--gin_param 'probe_step.datasets = ...'"
+    )
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ProbeStepConfig(datasets=[1]).gamma = 1.0  # type: ignore[misc]
+    assert config_class(probe_step) is ProbeStepConfig
+    with pytest.raises(TypeError) as err:
+        config_class(probe_scale)
+    assert str(err.value) == (
+        "tests.test_configurable.probe_scale: a step takes one parameter, annotated with its "
+        "config dataclass declared @configurable('<step name>')"
+    )
+    gin.clear_config()
+    try:
+        parse_gin([], ["probe_step.datasets = ['a', 'b', 'c']"])
+        config = configured(ProbeStepConfig)()
+        assert type(config) is ProbeStepConfig and probe_step(config) == pytest.approx(2.97)
+        assert pickle.loads(pickle.dumps(config)) == config
+    finally:
+        gin.clear_config()
+
+
+def test_every_step_takes_its_config_declared_under_the_steps_name():
+    from recap.steps.compute_advantages import compute_advantages
+    from recap.steps.compute_returns import compute_returns
+    from recap.steps.evaluate_policy import evaluate_policy
+    from recap.steps.relabel import relabel
+    from recap.steps.train import train
+
+    steps = [compute_advantages, compute_returns, evaluate_policy, relabel, train]
+    assert {s.__name__: declared_name(config_class(s)) for s in steps} == {
+        "compute_advantages": "compute_advantages",
+        "compute_returns": "compute_returns",
+        "evaluate_policy": "evaluate_policy",
+        "relabel": "relabel",
+        "train": "train",
+    }
+    assert [type(config_class(s)).__name__ for s in steps] == ["type"] * 5
+    assert all(config_class(s).__dataclass_params__.frozen for s in steps)

@@ -14,6 +14,7 @@ import gin
 import pytest
 
 import recap.steps.compute_advantages
+from recap import registry
 from recap.config_resolve import bound_keys, resolved_config
 from recap.errors import RecapError
 from recap.pipeline import load_pipeline, plan, split_params
@@ -161,12 +162,13 @@ def test_binding_parameters_to_their_defaults_leaves_every_fingerprint_unchanged
 
 
 def test_changing_a_default_reruns_the_stages_reading_it_and_those_after(base, monkeypatch):
-    fn = inspect.unwrap(gin.get_configurable("evaluate_policy"))
-    names = list(inspect.signature(fn).parameters)
-    defaults = list(fn.__defaults__)
+    config = registry.declared(gin.get_configurable("evaluate_policy"))  # EvaluateConfig
+    init = config.__init__
+    names = list(inspect.signature(init).parameters)
+    defaults = list(init.__defaults__)
     defaults[names.index("max_steps") - (len(names) - len(defaults))] = 41  # was 40
-    monkeypatch.setattr(fn, "__defaults__", tuple(defaults))
-    assert inspect.signature(fn).parameters["max_steps"].default == 41
+    monkeypatch.setattr(init, "__defaults__", tuple(defaults))
+    assert inspect.signature(config).parameters["max_steps"].default == 41
     changed = fingerprints()
     assert {k for k in base if changed[k] != base[k]} == {"evaluate_policy", "evaluate_baseline"}
 

@@ -24,7 +24,7 @@ from recap.cli import parse_gin
 from recap.commands.import_rlinf import main as import_main
 from recap.config_check import bound
 from recap.configurable import configured
-from recap.steps.compute_advantages import compute_advantages
+from recap.steps.compute_advantages import AdvantagesConfig, compute_advantages
 from tests.helpers import one_rank_here
 from tests.test_rehearsal import TINY, metrics, rehearse, run_dir
 
@@ -113,7 +113,7 @@ def rlinf_rehearsal(tmp_path_factory, fresh_standins):
     out = io.StringIO()
     with one_rank_here(out):
         parse_gin([EXP.format("advantages")], step3)
-        configured(compute_advantages)()
+        compute_advantages(configured(AdvantagesConfig)())
     print(f"RLinf rehearsal wall time: {time.perf_counter() - start:.0f} s")
     return standins, runs, done.stdout, rlinf, imported, out.getvalue()
 

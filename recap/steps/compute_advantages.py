@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 
 import recap.steps.train  # noqa: F401  (declares train/value_model/value_data: value gin files)
 from recap import logs, viz
-from recap.configurable import REQUIRED, configurable, configured
+from recap.configurable import REQUIRED, check_given, configurable, configured
 from recap.core import columns as C
 from recap.core.advantages import (
     DEFAULT_LOOKAHEAD,
@@ -79,80 +79,107 @@ STEP_VERSION = "1"
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
-@configurable()
-def compute_advantages(
-    datasets: list[dict] = REQUIRED,
-    tag: str = REQUIRED,
-    model_path: str | os.PathLike = REQUIRED,
-    tokenizer_path: str | os.PathLike = REQUIRED,
-    model_fn: Callable[[], ValueModel] | None = None,
-    data_root: str | os.PathLike = "",
-    returns_tag: str = "",
-    image_size: int | None = None,
-    max_length: int = 200,
-    lookahead: int = DEFAULT_LOOKAHEAD,
-    lookahead_s: float | None = None,
-    gamma: float | None = None,
-    positive_quantile: float = DEFAULT_POSITIVE_QUANTILE,
-    scope: str = SCOPE_GLOBAL,
-    normalization: str = GLOBAL,
-    return_range: tuple[float, float] | None = None,
-    force_sft_positive: bool = True,
-    correction_column: str | None = IS_CORRECTION,
-    batch_size: int = 32,
-    num_workers: int = 0,
-    precision: str = "fp32",
-    output_dir: str | os.PathLike | None = None,
-    plot_episodes: int = 4,
-) -> dict[str, Path]:
-    """Step 3: values on every rank, then advantages, labels and pictures from rank 0.
+@configurable("compute_advantages")
+@dataclasses.dataclass(frozen=True)
+class AdvantagesConfig:
+    """Step 3's settings (gin ``compute_advantages.*``).
 
-    ``model_path``: a value run directory or a ``save_pretrained`` directory, loaded with its
-    processor by ``recap.loading.load_value`` (``model_fn``: the architecture of an older run
-    that recorded none, i.e. the value model's gin file).
-    ``return_range``: (min, max) of the value model's training returns; default: the range its
-    processor recorded (``processor.json``; ``return_range.json`` of older runs), else the
-    listed datasets'.
-    ``gamma``: default the Step 1 discount. ``lookahead_s``: the look-ahead as a duration,
-    replacing ``lookahead`` (frames) when set: converted at each dataset's ``fps``
-    (``recap.data.lerobot.frames_of``; datasets of different rates get their own N). Returns
-    name -> sidecar (rank 0).
+    Args:
+        datasets, data_root: the datasets to label (``recap.data.specs``), every frame once.
+        tag: the sidecars written (``meta/advantages_{tag}.parquet``); ``returns_tag``: the
+            Step 1 sidecars read.
+        model_path: a value run directory or a ``save_pretrained`` directory, loaded with its
+            processor by ``recap.loading.load_value`` (``model_fn``: the architecture of an
+            older run that recorded none, i.e. the value model's gin file).
+        tokenizer_path: the tokenizer the prompts are encoded with; ``image_size`` (default:
+            the model's), ``max_length``: the value model's inputs.
+        lookahead, lookahead_s, gamma: the n-step advantage (docs/spec.md): N frames, or a
+            duration converted at each dataset's ``fps`` (``recap.data.lerobot.frames_of``;
+            datasets of different rates get their own N) replacing ``lookahead`` when set;
+            ``gamma``: default the Step 1 discount.
+        positive_quantile, scope, force_sft_positive, correction_column: the labels (as
+            ``relabel``).
+        normalization: the value scale (``recap.core.normalize``): ``"global"`` (the return
+            range mapped to [-1, 0]) or ``"task_length"`` (the paper's: by the task's longest
+            episode).
+        return_range: (min, max) of the value model's training returns; default: the range
+            its processor recorded (``processor.json``; ``return_range.json`` of older runs),
+            else the listed datasets'.
+        batch_size, num_workers, precision: inference (``"fp32"`` or ``"bf16"``).
+        output_dir, plot_episodes: where the pictures go (default
+            ``runs/advantages_{tag}``) and how many episodes they draw.
     """
-    check_positive_quantile(positive_quantile)  # the cheap checks first
-    plan = Plan.checked(datasets, data_root, tag, returns_tag, model_path, tokenizer_path,
-                        lookahead, gamma, return_range, precision)  # fmt: skip
-    if lookahead_s is not None:  # seconds -> frames per dataset rate
-        lookahead = frames_of(lookahead_s, plan.specs, "compute_advantages.lookahead_s")
-        log.info(f"look-ahead {lookahead_s:g} s = {lookahead} frames")
-    sft = tuple(s.name for s in plan.specs if s.type == C.SFT) if force_sft_positive else ()
-    corrections = any(s.correction_column or correction_column for s in plan.specs)
-    options = LabelOptions(positive_quantile, scope, sft, IS_CORRECTION if corrections else None)
+
+    datasets: list[dict] = REQUIRED
+    tag: str = REQUIRED
+    model_path: str | os.PathLike = REQUIRED
+    tokenizer_path: str | os.PathLike = REQUIRED
+    model_fn: Callable[[], ValueModel] | None = None
+    data_root: str | os.PathLike = ""
+    returns_tag: str = ""
+    image_size: int | None = None
+    max_length: int = 200
+    lookahead: int = DEFAULT_LOOKAHEAD
+    lookahead_s: float | None = None
+    gamma: float | None = None
+    positive_quantile: float = DEFAULT_POSITIVE_QUANTILE
+    scope: str = SCOPE_GLOBAL
+    normalization: str = GLOBAL
+    return_range: tuple[float, float] | None = None
+    force_sft_positive: bool = True
+    correction_column: str | None = IS_CORRECTION
+    batch_size: int = 32
+    num_workers: int = 0
+    precision: str = "fp32"
+    output_dir: str | os.PathLike | None = None
+    plot_episodes: int = 4
+
+    def __post_init__(self):
+        check_given(self)
+
+
+def compute_advantages(config: AdvantagesConfig) -> dict[str, Path]:
+    """Step 3: values on every rank, then advantages, labels and pictures from rank 0
+    (``AdvantagesConfig``). Returns name -> sidecar (rank 0)."""
+    c = config
+    check_positive_quantile(c.positive_quantile)  # the cheap checks first
+    plan = Plan.checked(c.datasets, c.data_root, c.tag, c.returns_tag, c.model_path,
+                        c.tokenizer_path, c.lookahead, c.gamma, c.return_range,
+                        c.precision)  # fmt: skip
+    lookahead = c.lookahead
+    if c.lookahead_s is not None:  # seconds -> frames per dataset rate
+        lookahead = frames_of(c.lookahead_s, plan.specs, "compute_advantages.lookahead_s")
+        log.info(f"look-ahead {c.lookahead_s:g} s = {lookahead} frames")
+    sft = tuple(s.name for s in plan.specs if s.type == C.SFT) if c.force_sft_positive else ()
+    corrections = any(s.correction_column or c.correction_column for s in plan.specs)
+    options = LabelOptions(c.positive_quantile, c.scope, sft,
+                           IS_CORRECTION if corrections else None)  # fmt: skip
     distributed.init()
-    model, processor = load_value(plan.weights, model_fn)  # its resize rule (RLinf: none)
-    model = model.to(device=accelerator.device(), dtype=PRECISIONS[precision])
-    size = image_size or int(model.config.vision["image_size"])
-    data = ValueDataset(plan.specs, returns_tag, plan.range, plan.tokenizer, size, max_length,
-                        resize=processor.resize,
+    model, processor = load_value(plan.weights, c.model_fn)  # its resize rule (RLinf: none)
+    model = model.to(device=accelerator.device(), dtype=PRECISIONS[c.precision])
+    size = c.image_size or int(model.config.vision["image_size"])
+    data = ValueDataset(plan.specs, c.returns_tag, plan.range, plan.tokenizer, size,
+                        c.max_length, resize=processor.resize,
                         max_length_binding="compute_advantages.max_length")  # fmt: skip
     begin = time.perf_counter()
-    values = infer_values(model, data, batch_size, num_workers)
+    values = infer_values(model, data, c.batch_size, c.num_workers)
     if values is None:  # ranks other than 0 are done
         return {}
     rate = len(data) / max(time.perf_counter() - begin, 1e-9)
     log.info(f"values: {len(data)} frames, {rate:.1f} frames/s on {distributed.world_size()} ranks")
     log.info(f"return range [{plan.range.return_min:g}, {plan.range.return_max:g}] from "
              f"{plan.range_source}")  # fmt: skip
-    table = advantage_input(data, values, plan.returns, correction_column)
-    labeled = add_advantages(table, return_range=plan.range, normalization=normalization,
+    table = advantage_input(data, values, plan.returns, c.correction_column)
+    labeled = add_advantages(table, return_range=plan.range, normalization=c.normalization,
                              lookahead=lookahead, gamma=plan.gamma, labels=options)  # fmt: skip
     counts = {s.name: t.num_rows for s, t in zip(plan.specs, plan.returns, strict=True)}
     parts = split_datasets(labeled, counts)
-    record = plan.record(labeling_of(labeled), correction_column)
-    files = [advantages_files(s.root, tag, parts[s.name], record, dataset_source(s.root))
+    record = plan.record(labeling_of(labeled), c.correction_column)
+    files = [advantages_files(s.root, c.tag, parts[s.name], record, dataset_source(s.root))
              for s in plan.specs]  # fmt: skip
     write_atomic({path: writer for f in files for path, writer in f.items()})
-    out = Path(output_dir) if output_dir else Path("runs") / f"advantages_{tag or 'untagged'}"
-    report(plan, data, parts, record, out, plot_episodes, {"time/frames_per_s": rate})
+    out = Path(c.output_dir or Path("runs") / f"advantages_{c.tag or 'untagged'}")
+    report(plan, data, parts, record, out, c.plot_episodes, {"time/frames_per_s": rate})
     return {s.name: sidecar_path(s.root, ADVANTAGES, plan.tag) for s in plan.specs}
 
 

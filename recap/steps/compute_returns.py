@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 from tqdm.auto import tqdm
 
 from recap import __version__, logs
-from recap.configurable import REQUIRED, configurable
+from recap.configurable import REQUIRED, check_given, configurable
 from recap.core import columns as C
 from recap.core.returns import (
     DEFAULT_FAILURE_REWARD,
@@ -151,21 +151,41 @@ def _stats(spec: DatasetSpec, table: pa.Table, gamma: float, failure: float, out
     }
 
 
-@configurable()
-def compute_returns(
-    datasets: list[dict] = REQUIRED,
-    tag: str = "",
-    data_root: str | os.PathLike = "",
-    gamma: float = DEFAULT_GAMMA,
-    failure_reward: float = DEFAULT_FAILURE_REWARD,
-    outcome_column: str = C.IS_SUCCESS,
-) -> list[ReturnsResult]:
+@configurable("compute_returns")
+@dataclass(frozen=True)
+class ReturnsConfig:
+    """Step 1's settings (gin ``compute_returns.*``).
+
+    Args:
+        datasets: the LeRobot datasets (``recap.data.specs``: name, root, type, weight, ...).
+        tag: the sidecars' tag (``meta/returns_{tag}.parquet``; ``""``: ``returns.parquet``).
+        data_root: the directory relative dataset roots are under.
+        gamma, failure_reward: the discount and the reward of a failed episode's last frame
+            (docs/spec.md; a dataset entry's ``failure_reward`` overrides it).
+        outcome_column: the column a rollout dataset's success is read from.
+    """
+
+    datasets: list[dict] = REQUIRED
+    tag: str = ""
+    data_root: str | os.PathLike = ""
+    gamma: float = DEFAULT_GAMMA
+    failure_reward: float = DEFAULT_FAILURE_REWARD
+    outcome_column: str = C.IS_SUCCESS
+
+    def __post_init__(self):
+        check_given(self)
+
+
+def compute_returns(config: ReturnsConfig) -> list[ReturnsResult]:
     """Step 1: compute per-frame returns and write ``meta/returns_{tag}.parquet`` per dataset."""
+    tag = config.tag
     check_tag(tag)
-    specs = parse_dataset_specs(datasets, data_root)
+    specs = parse_dataset_specs(config.datasets, config.data_root)
     with StagedWrites() as staged:  # each sidecar written while the next dataset is read
         results = [
-            returns_for_dataset(spec, gamma, failure_reward, outcome_column, staged, tag)
+            returns_for_dataset(
+                spec, config.gamma, config.failure_reward, config.outcome_column, staged, tag
+            )
             for spec in tqdm(specs, desc="returns", unit="dataset", disable=None)
         ]
         staged.commit()  # every dataset computed and every file written: all moved into place

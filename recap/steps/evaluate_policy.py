@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -64,40 +65,57 @@ STEP_VERSION = "3"  # 3: replan_steps of each chunk run (were ignored); 2: any E
 RESULTS_FILE = "closed_loop.json"
 
 
-@configurable()
-def evaluate_policy(
-    run_dir: str | None = None,
-    betas: Sequence[float] = (1.0, 1.5, 2.5),
-    num_episodes: int = 100,
-    seed: int = 1000,
-    batch_size: int = 50,
-    num_steps: int | None = None,
-    max_steps: int = 40,
-    noise_seed: int = 0,
-    guidance: str = "positive",
-    state_targets: bool | None = None,
-    env: str = "reach",
-    env_options: Mapping[str, Any] | None = None,
-    replan_steps: int = 1,
-) -> dict[str, float]:
-    """Success rate per beta (``{"beta_1.0": rate, ...}``) over ``num_episodes`` episodes
-    ``seed .. seed + num_episodes - 1`` (held out from the demo data's seeds) of ``env``
-    (module docstring; ``env_options``: its keyword arguments) with ``batch_size`` environments
-    in lockstep, executing ``replan_steps`` actions of each chunk; ``run_dir`` defaults to
-    ``train.run_dir``. ``guidance`` (RLinf's ``guidance_type``): ``"positive"``, ``"negative"``
-    (the "Advantage: negative" prompt as the guided branch; refused for a policy trained with
-    ``positive_only_conditional``) or ``"no_guide"`` (the plain prompt only). Reach only:
-    ``max_steps`` (the episode limit) and ``state_targets`` (the task's
-    ``ReachConfig.state_targets``; None, the default, reads it from the training data's state
-    names: ``reach_state_targets``, as ``recap-demo-data`` wrote them with or without
-    ``--state-targets``)."""
-    model, processor, run = load_run(run_dir)
+@configurable("evaluate_policy")
+@dataclass(frozen=True)
+class EvaluateConfig:
+    """The closed-loop evaluation's settings (gin ``evaluate_policy.*``; module docstring).
+
+    Args:
+        run_dir: the policy's run directory (default ``train.run_dir``).
+        betas: the guidance strengths evaluated; ``guidance`` (RLinf's ``guidance_type``):
+            ``"positive"``, ``"negative"`` (the "Advantage: negative" prompt as the guided
+            branch; refused for a policy trained with ``positive_only_conditional``) or
+            ``"no_guide"`` (the plain prompt only).
+        num_episodes, seed: episodes ``seed .. seed + num_episodes - 1`` (held out from the
+            demo data's seeds); ``batch_size`` environments in lockstep.
+        num_steps, noise_seed: the flow's sampling steps (default: the processor's) and noise.
+        env, env_options: the environment (``recap.envs.factory.env_factory``) and its
+            keyword arguments; ``replan_steps``: actions executed of each chunk.
+        max_steps, state_targets: reach only: the episode limit and the task's
+            ``ReachConfig.state_targets`` (None, the default, reads it from the training data's
+            state names: ``reach_state_targets``, as ``recap-demo-data`` wrote them with or
+            without ``--state-targets``).
+    """
+
+    run_dir: str | None = None
+    betas: Sequence[float] = (1.0, 1.5, 2.5)
+    num_episodes: int = 100
+    seed: int = 1000
+    batch_size: int = 50
+    num_steps: int | None = None
+    max_steps: int = 40
+    noise_seed: int = 0
+    guidance: str = "positive"
+    state_targets: bool | None = None
+    env: str = "reach"
+    env_options: Mapping[str, Any] | None = None
+    replan_steps: int = 1
+
+
+def evaluate_policy(config: EvaluateConfig) -> dict[str, float]:
+    """Success rate per beta (``{"beta_1.0": rate, ...}``) of the policy in ``config.run_dir``
+    over ``config.num_episodes`` episodes of ``config.env`` (``EvaluateConfig``), written to
+    ``{run_dir}/closed_loop.json``."""
+    c = config
+    num_episodes, seed, env, guidance = c.num_episodes, c.seed, c.env, c.guidance
+    num_steps, noise_seed, betas = c.num_steps, c.noise_seed, c.betas
+    model, processor, run = load_run(c.run_dir)
     if processor.conditioning in PLAIN:
         betas = [1.0]  # one prompt: guidance has nothing to contrast
-    options = dict(env_options or {})
+    options = dict(c.env_options or {})
     if env == "reach" and "state_targets" not in options:  # the layout the policy was trained on
-        options["state_targets"] = reach_state_targets(processor, state_targets)
-    make_env, _ = env_factory(env, max_steps=max_steps if env == "reach" else None,
+        options["state_targets"] = reach_state_targets(processor, c.state_targets)
+    make_env, _ = env_factory(env, max_steps=c.max_steps if env == "reach" else None,
                               options=options, field="evaluate_policy.env")  # fmt: skip
 
     def policy_at(b: float) -> ChunkAdapter:
@@ -112,8 +130,8 @@ def evaluate_policy(
         for beta in betas:
             start = time.perf_counter()
             with torch.no_grad():
-                out = evaluate(policy_at, make_env, num_episodes, seed, [float(beta)], replan_steps,
-                               batch_size, sharded)  # fmt: skip
+                out = evaluate(policy_at, make_env, num_episodes, seed, [float(beta)],
+                               c.replan_steps, c.batch_size, sharded)  # fmt: skip
             key = f"beta_{float(beta):g}"
             results[key], outcomes[key] = out["success"][key], out["outcomes"][key]
             heading = out["metrics"].get("heading", {}).get(key)

@@ -13,13 +13,14 @@ here, so list the same datasets as the source run to reproduce a fresh labeling.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
 from recap import logs
-from recap.configurable import REQUIRED, configurable
+from recap.configurable import REQUIRED, check_given, configurable
 from recap.core import columns as C
 from recap.core.advantages import labeling_of, relabel_advantages
 from recap.core.frames import align_to_frames, finite_column, frame_layout
@@ -121,27 +122,48 @@ def relabel_record(source: dict, labeled: pa.Table, specs: list[DatasetSpec], ta
     return {**source, **labeling_of(labeled), "source_tag": tag, "datasets": datasets}
 
 
-@configurable()
-def relabel(
-    datasets: list[dict] = REQUIRED,
-    source_tag: str = REQUIRED,
-    new_tag: str = REQUIRED,
-    data_root: str | os.PathLike = "",
-    positive_quantile: float = DEFAULT_POSITIVE_QUANTILE,
-    scope: str = SCOPE_GLOBAL,
-    force_sft_positive: bool = True,
-    correction_column: str | None = IS_CORRECTION,
-) -> dict[str, Path]:
+@configurable("relabel")
+@dataclass(frozen=True)
+class RelabelConfig:
+    """The relabel step's settings (gin ``relabel.*``).
+
+    Args:
+        datasets: the datasets the source tag labelled (list the same ones to reproduce it).
+        source_tag, new_tag: read ``meta/advantages_{source_tag}.parquet``, write ``new_tag``.
+        data_root: the directory relative dataset roots are under.
+        positive_quantile, scope: the labelling (docs/spec.md §5): the top fraction of
+            advantages positive, thresholded over all frames (``"global"``), per task
+            (``"per_task"``) or per dataset (``"per_dataset"``).
+        force_sft_positive: every frame of an ``sft`` dataset positive.
+        correction_column: the frame column that marks expert corrections (positive).
+    """
+
+    datasets: list[dict] = REQUIRED
+    source_tag: str = REQUIRED
+    new_tag: str = REQUIRED
+    data_root: str | os.PathLike = ""
+    positive_quantile: float = DEFAULT_POSITIVE_QUANTILE
+    scope: str = SCOPE_GLOBAL
+    force_sft_positive: bool = True
+    correction_column: str | None = IS_CORRECTION
+
+    def __post_init__(self):
+        check_given(self)
+
+
+def relabel(config: RelabelConfig) -> dict[str, Path]:
     """Relabel existing advantages with a new quantile/scope under a new tag (no model)."""
+    source_tag, new_tag, scope = config.source_tag, config.new_tag, config.scope
     check_tag(source_tag)
     check_tag(new_tag)
     if new_tag == source_tag:
         raise RecapError(f"new_tag: {new_tag!r} equals source_tag; relabeling writes a new tag")
-    specs = parse_dataset_specs(datasets, data_root)
-    sft = [s.name for s in specs if s.type == C.SFT] if force_sft_positive else []
+    specs = parse_dataset_specs(config.datasets, config.data_root)
+    sft = [s.name for s in specs if s.type == C.SFT] if config.force_sft_positive else []
+    correction_column = config.correction_column
     corrections = [s.correction_column or correction_column for s in specs]
     options = LabelOptions(
-        positive_quantile,
+        config.positive_quantile,
         scope,
         force_positive_datasets=tuple(sft),
         correction_column=IS_CORRECTION if any(corrections) else None,

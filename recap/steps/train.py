@@ -9,6 +9,7 @@ and it resumes from the run directory's latest checkpoint.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import recap.data.datasets  # noqa: F401  (declares value_data)
@@ -17,7 +18,7 @@ import recap.models.pi05  # noqa: F401  (declares pi05_policy: gin/policy.gin wi
 import recap.models.toy  # noqa: F401  (declares toy_model / toy_data)
 import recap.models.value  # noqa: F401  (declares value_model)
 from recap import logs
-from recap.configurable import REQUIRED, configurable, configured
+from recap.configurable import REQUIRED, check_given, configurable, configured
 from recap.engine import distributed
 from recap.engine.deepspeed_config import check_nvme_offload, deepspeed_config
 from recap.engine.trainer import FitResult, LoopOptions, fit
@@ -30,58 +31,81 @@ log = logs.get(__name__)
 STEP_VERSION = "1"
 
 
-@configurable()
-def train(
-    model_fn: Callable = REQUIRED,
-    data_fn: Callable = REQUIRED,
-    eval_data_fn: Callable | None = None,
-    run_dir: str = REQUIRED,
-    max_steps: int = REQUIRED,
-    log_every: int = 10,
-    eval_every: int = 0,
-    save_every: int = 0,
-    keep_checkpoints: int = 2,
-    seed: int = 0,
-    eval_batch_size: int | None = None,
-    num_workers: int = 0,
-    step_name: str = "train",
-) -> FitResult:
+@configurable("train")
+@dataclass(frozen=True)
+class TrainConfig:
+    """The training step's settings (gin ``train.*``; the engine's own: ``deepspeed_config.*``).
+
+    Args:
+        model_fn: builds the model (e.g. ``@toy_model``, ``@value_model``, ``@pi05_policy``).
+        data_fn, eval_data_fn: build the training and evaluation data (``@value_data``,
+            ``@policy_data``); the training data vets the model it will feed
+            (``check_model``) and carries the processor saved beside the weights.
+        run_dir: checkpoints, exported weights and the processor; a rerun resumes from it.
+        max_steps: optimizer steps.
+        log_every, eval_every, save_every: intervals in steps (0: only at the last step).
+        keep_checkpoints, seed, eval_batch_size, num_workers: the loop's other options.
+        step_name: the progress bar's label and the MLflow run's ``recap.step`` tag
+            (``"value"``, ``"policy"``).
+    """
+
+    model_fn: Callable = REQUIRED
+    data_fn: Callable = REQUIRED
+    eval_data_fn: Callable | None = None
+    run_dir: str = REQUIRED
+    max_steps: int = REQUIRED
+    log_every: int = 10
+    eval_every: int = 0
+    save_every: int = 0
+    keep_checkpoints: int = 2
+    seed: int = 0
+    eval_batch_size: int | None = None
+    num_workers: int = 0
+    step_name: str = "train"
+
+    def __post_init__(self):
+        check_given(self)
+
+
+def train(config: TrainConfig) -> FitResult:
     """Train ``model_fn()`` on ``data_fn()`` for ``max_steps`` optimizer steps (resumable)."""
-    if max_steps < 1:
-        raise RecapError(f"gin config: train.max_steps={max_steps}; set it to a positive integer")
-    config = configured(deepspeed_config)(
-        world_size=distributed.env_world_size(), max_steps=max_steps
+    c = config
+    if c.max_steps < 1:
+        raise RecapError(f"gin config: train.max_steps={c.max_steps}; set it to a positive "
+                         "integer")  # fmt: skip
+    ds_config = configured(deepspeed_config)(
+        world_size=distributed.env_world_size(), max_steps=c.max_steps
     )
-    check_nvme_offload(config["zero_optimization"].get("offload_param", {}).get("device", ""))
+    check_nvme_offload(ds_config["zero_optimization"].get("offload_param", {}).get("device", ""))
     options = LoopOptions(
-        run_dir=Path(run_dir),
-        max_steps=max_steps,
-        log_every=log_every,
-        eval_every=eval_every,
-        save_every=save_every,
-        keep_checkpoints=keep_checkpoints,
-        seed=seed,
-        eval_batch_size=eval_batch_size,
-        num_workers=num_workers,
-        step_name=step_name,
+        run_dir=Path(c.run_dir),
+        max_steps=c.max_steps,
+        log_every=c.log_every,
+        eval_every=c.eval_every,
+        save_every=c.save_every,
+        keep_checkpoints=c.keep_checkpoints,
+        seed=c.seed,
+        eval_batch_size=c.eval_batch_size,
+        num_workers=c.num_workers,
+        step_name=c.step_name,
     )
-    train_data = data_fn()
-    eval_data = eval_data_fn() if eval_data_fn is not None else None
+    train_data = c.data_fn()
+    eval_data = c.eval_data_fn() if c.eval_data_fn is not None else None
     check = getattr(train_data, "check_model", None)  # the data vets the model it will feed
     built: dict = {}
 
     def build():
-        model = model_fn()
+        model = c.model_fn()
         if check is not None:
             check(model)
         built["config"] = getattr(model, "config", None)
         return model
 
-    result = fit(build, train_data, eval_data, config, options, configured(Tracker)())
-    save_processor(train_data, built.get("config"), Path(run_dir))
+    result = fit(build, train_data, eval_data, ds_config, options, configured(Tracker)())
+    save_processor(train_data, built.get("config"), Path(c.run_dir))
     final = {**result.train_metrics, **result.eval_metrics}
     shown = ", ".join(f"{k} {v:.5g}" for k, v in final.items() if "loss" in k)
-    log.info(f"{step_name}: step {result.step}; {shown}; weights in {result.export_path}")
+    log.info(f"{c.step_name}: step {result.step}; {shown}; weights in {result.export_path}")
     return result
 
 

@@ -53,7 +53,7 @@ from recap.envs.reach import (
     generate_episodes,
 )
 from recap.errors import RecapError, one_line
-from recap.steps.compute_returns import compute_returns
+from recap.steps.compute_returns import ReturnsConfig, compute_returns
 from recap.steps.relabel import relabel
 from tests.helpers import copy_fixture, tree_hashes
 
@@ -76,7 +76,7 @@ TABLE: list[tuple[str, str, str]] = []
 
 def _prepare(root: Path) -> None:
     """Step 1 sidecar "t" and an advantages sidecar "a" (made-up values) on ``root``."""
-    compute_returns(datasets=[{"name": "d", "root": str(root)}], tag="t")
+    compute_returns(ReturnsConfig(datasets=[{"name": "d", "root": str(root)}], tag="t"))
     returns, stats = read_returns(root, "t")
     ep, fr = (returns.column(k).to_numpy() for k in (C.EPISODE_INDEX, C.FRAME_INDEX))
     table = returns.append_column(VALUE, pa.array(-0.5 + 0.4 * np.sin(1.7 * ep + 0.3 * fr)))

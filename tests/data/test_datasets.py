@@ -9,7 +9,7 @@ from recap.data.lerobot import LIBERO_KEYS
 from recap.data.specs import parse_dataset_specs
 from recap.data.transforms import load_tokenizer, tokenize_prompts, write_word_tokenizer
 from recap.errors import DatasetError, RecapError
-from recap.steps.compute_returns import compute_returns
+from recap.steps.compute_returns import ReturnsConfig, compute_returns
 from tests.helpers import FIXTURES, copy_fixture
 
 TASKS = ["Task: put the black bowl on the plate.", "Task: open the top drawer of the cabinet."]
@@ -27,7 +27,7 @@ def data(tmp_path):
     """The LeRobot-written v3.0 image fixture (lengths 9,12,7,15,10,13; T,T,F,T,F,T) with
     Step 1 returns (range [-309, 0]) and a word tokenizer."""
     root = copy_fixture("libero_like_v30_images", tmp_path)
-    compute_returns(datasets=[{"name": "r", "root": str(root)}], tag="t")
+    compute_returns(ReturnsConfig(datasets=[{"name": "r", "root": str(root)}], tag="t"))
     tok = write_word_tokenizer(tmp_path / "tok", TASKS)
     return root, load_tokenizer(tok), tok
 
@@ -90,7 +90,11 @@ def test_virtual_index_mixing():
 def test_eval_split_uses_the_training_range(data, tmp_path):
     root, _, tok_dir = data
     other = copy_fixture("rlinf_like_v21_video", tmp_path)
-    compute_returns(datasets=[{"name": "e", "root": str(other), "failure_reward": -50.0}], tag="t")
+    compute_returns(
+        ReturnsConfig(
+            datasets=[{"name": "e", "root": str(other), "failure_reward": -50.0}], tag="t"
+        )
+    )
     ds = value_data(
         split="eval", datasets=[{"name": "r", "root": str(root)}],
         eval_datasets=[{"name": "e", "root": str(other)}], returns_tag="t",

@@ -18,7 +18,7 @@ from recap.data.policy_data import PolicyDataset
 from recap.data.specs import parse_dataset_specs
 from recap.data.transforms import load_tokenizer, write_word_tokenizer
 from recap.errors import DatasetError, RecapError
-from recap.steps.compute_returns import compute_returns
+from recap.steps.compute_returns import ReturnsConfig, compute_returns
 from tests.aloha import CHOSEN, TASKS, write_aloha
 
 HIGH, LOW, LEFT, RIGHT = (f"observation.images.{c}" for c in
@@ -38,7 +38,9 @@ def _fresh():
 @pytest.fixture(scope="module")
 def aloha(tmp_path_factory) -> Path:
     root = write_aloha(tmp_path_factory.mktemp("aloha") / "aloha")
-    compute_returns(datasets=[{"name": "aloha", "root": str(root), "type": "sft"}], tag="")
+    compute_returns(
+        ReturnsConfig(datasets=[{"name": "aloha", "root": str(root), "type": "sft"}], tag="")
+    )
     return root
 
 

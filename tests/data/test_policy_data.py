@@ -20,7 +20,7 @@ from recap.data.specs import parse_dataset_specs
 from recap.data.transforms import load_tokenizer
 from recap.envs.reach import write_demo_datasets, write_demo_tokenizer
 from recap.errors import RecapError
-from recap.steps.compute_returns import compute_returns
+from recap.steps.compute_returns import ReturnsConfig, compute_returns
 
 NAMES = (("sft", "sft"), ("rollout", "rollout"), ("eval", "rollout"))
 TAG = "t"
@@ -31,7 +31,7 @@ def write_test_advantages(data: Path, tag: str = TAG, noise: float = 0.05, seed:
     """Step 1 returns, then an advantages sidecar per dataset from a stand-in value (the
     normalized return plus Gaussian noise) through the Step 3 pure functions."""
     entries = [{"name": n, "root": str(data / n), "type": t} for n, t in NAMES]
-    compute_returns(datasets=entries)
+    compute_returns(ReturnsConfig(datasets=entries))
     tables = {n: read_returns(data / n, "") for n, _ in NAMES}
     span = ReturnRange.union(
         [ReturnRange(s["return_min"], s["return_max"]) for _, s in tables.values()]
@@ -313,16 +313,23 @@ def test_a_max_length_that_can_cut_a_prompt_is_refused_before_training(data):
     assert fits.processor.longest_prompt(["reach the blue target"]) == (32, "reach the blue target")
     batch = fits.__getitems__(list(range(len(fits))))
     assert int(batch["attention_mask"].sum(1).max()) == 25  # what this data's frames take
-    assert PolicyDataset(specs, TAG, tok, max_length=29, conditioning="none",
-                         **common).processor.longest_prompt(["reach the blue target"])[0] == 29
+    assert (
+        PolicyDataset(
+            specs, TAG, tok, max_length=29, conditioning="none", **common
+        ).processor.longest_prompt(["reach the blue target"])[0]
+        == 29
+    )
     with pytest.raises(RecapError) as err:
         PolicyDataset(specs, TAG, tok, max_length=31, **common)
     assert str(err.value) == (
         "policy_data.max_length = 31: the prompts of task 'reach the blue target' take up to 32 "
         "tokens (BOS, task, state, label); bind policy_data.max_length = 32 or more"
     )
-    with pytest.raises(RecapError, match=r"^policy_data.max_length = 28: .* up to 29 tokens "
-                                         r"\(BOS, task, state\); bind"):
+    with pytest.raises(
+        RecapError,
+        match=r"^policy_data.max_length = 28: .* up to 29 tokens "
+        r"\(BOS, task, state\); bind",
+    ):
         PolicyDataset(specs, TAG, tok, max_length=28, conditioning="none", **common)
     short = fits.processor.replace(max_length=7)
     prompt = short.prompt("reach the blue target", True, None)  # openpi's prompt without state

@@ -14,7 +14,7 @@ from recap.core import columns as C
 from recap.data.lerobot import LocalDataset
 from recap.data.sidecars import read_returns
 from recap.errors import DatasetError
-from recap.steps.compute_returns import compute_returns
+from recap.steps.compute_returns import ReturnsConfig, compute_returns
 from tests.helpers import copy_fixture
 
 FIXTURE = "rlinf_like_v21_video"  # 7 episodes, lengths 11,8,14,7,10,12,9; T,F,T,T,F,T,F
@@ -87,8 +87,10 @@ def test_rlinf_returns_read_with_step1_statistics(rlinf_data):
     }  # fmt: skip
     # the same numbers as recap's own Step 1 on this dataset, and the same sorted table
     ours = compute_returns(
-        datasets=[{"name": root.name, "root": str(root), "type": "rollout", "gamma": 0.97}],
-        tag="ours",
+        ReturnsConfig(
+            datasets=[{"name": root.name, "root": str(root), "type": "rollout", "gamma": 0.97}],
+            tag="ours",
+        )
     )[0]
     keys = [k for k in ours.stats if k not in ("source", "dataset_type", "outcome_column")]
     assert {k: stats[k] for k in keys} == {k: ours.stats[k] for k in keys}
@@ -454,7 +456,7 @@ def test_relabel_reads_rlinfs_narrow_advantages_files(tmp_path, capsys):
     import yaml
 
     from recap.data.sidecars import read_advantages
-    from recap.steps.relabel import relabel
+    from recap.steps.relabel import RelabelConfig, relabel
 
     root = copy_fixture("rlinf_like_v21_video", tmp_path)
     with LocalDataset(root) as ds:
@@ -469,7 +471,7 @@ def test_relabel_reads_rlinfs_narrow_advantages_files(tmp_path, capsys):
     })  # fmt: skip
     pq.write_table(narrow, root / "meta" / "advantages_rl.parquet")
     spec = [{"name": "d", "root": str(root), "type": "rollout"}]
-    relabel(datasets=spec, source_tag="rl", new_tag="q40", positive_quantile=0.4)
+    relabel(RelabelConfig(datasets=spec, source_tag="rl", new_tag="q40", positive_quantile=0.4))
     out, record = read_advantages(root, "q40")
     assert out.column_names == C.ADVANTAGES_SCHEMA.names and out.num_rows == 71
     # the 0.6 quantile of 71 evenly spaced values in [-1, 1] is the 43rd: -1 + 2 * 42/70 = 0.2
@@ -487,18 +489,20 @@ def test_relabel_reads_rlinfs_narrow_advantages_files(tmp_path, capsys):
     full = full.append_column(C.NUM_VALID_REWARDS, pa.array(np.ones(n, dtype=np.int64)))
     full = full.append_column(C.DATASET_NAME, pa.array(["d"] * n)).select(C.ADVANTAGES_SCHEMA.names)
     pq.write_table(full, root / "meta" / "advantages_full.parquet")
-    relabel(datasets=spec, source_tag="full", new_tag="full40", positive_quantile=0.4)
+    relabel(
+        RelabelConfig(datasets=spec, source_tag="full", new_tag="full40", positive_quantile=0.4)
+    )
     again, _ = read_advantages(root, "full40")
     assert again.column(C.ADVANTAGE).equals(out.column(C.ADVANTAGE))
     # relabeling the relabeled (partly null) file works too
-    relabel(datasets=spec, source_tag="q40", new_tag="q10", positive_quantile=0.1)
+    relabel(RelabelConfig(datasets=spec, source_tag="q40", new_tag="q10", positive_quantile=0.1))
     assert int(np.count_nonzero(read_advantages(root, "q10")[0].column(C.ADVANTAGE))) == 8
     # without advantage_continuous: one line naming the file and the column
     pq.write_table(
         narrow.drop_columns([C.ADVANTAGE_CONTINUOUS]), root / "meta" / "advantages_x.parquet"
     )
     with pytest.raises(DatasetError) as err:
-        relabel(datasets=spec, source_tag="x", new_tag="x2")
+        relabel(RelabelConfig(datasets=spec, source_tag="x", new_tag="x2"))
     assert err.value.message == (
         f"{root / 'meta' / 'advantages_x.parquet'}: column 'advantage_continuous' missing; "
         "rewrite the sidecar"

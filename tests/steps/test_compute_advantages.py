@@ -33,9 +33,9 @@ from recap.envs.reach import write_demo_datasets, write_demo_tokenizer
 from recap.errors import RecapError
 from recap.models.value import value_model
 from recap.ports import free_port
-from recap.steps.compute_advantages import compute_advantages
-from recap.steps.compute_returns import compute_returns
-from recap.steps.relabel import relabel
+from recap.steps.compute_advantages import AdvantagesConfig, compute_advantages
+from recap.steps.compute_returns import ReturnsConfig, compute_returns
+from recap.steps.relabel import RelabelConfig, relabel
 from tests.helpers import REPO, deepspeed_local, launch_env, one_rank_here, tree_hashes
 
 ENTRIES = [
@@ -61,7 +61,7 @@ def run_here(root: Path, **kwargs) -> str:
     out = io.StringIO()
     with one_rank_here(out):
         gin.bind_parameter("Tracker.enabled", False)
-        compute_advantages(**args)
+        compute_advantages(AdvantagesConfig(**args))
     return out.getvalue()
 
 
@@ -73,7 +73,7 @@ def demo(tmp_path_factory):
     write_demo_datasets(root, sft_episodes=4, rollout_episodes=6, eval_episodes=2)
     write_demo_tokenizer(root)
     gin.clear_config()
-    compute_returns(datasets=ENTRIES, data_root=str(root))
+    compute_returns(ReturnsConfig(datasets=ENTRIES, data_root=str(root)))
     parse_gin(["demo/value.gin"], [])
     torch.manual_seed(0)
     model = configured(value_model)()
@@ -184,11 +184,13 @@ def test_relabeling_needs_no_model_and_matches_a_fresh_run(demo):
     run_here(root, tag="q45", positive_quantile=0.45, scope="per_task", output_dir=str(root / "p"))
     datasets = [{**e, "root": str(root / e["root"])} for e in ENTRIES]
     relabel(
-        datasets=datasets,
-        source_tag="one",
-        new_tag="one_q45",
-        positive_quantile=0.45,
-        scope="per_task",
+        RelabelConfig(
+            datasets=datasets,
+            source_tag="one",
+            new_tag="one_q45",
+            positive_quantile=0.45,
+            scope="per_task",
+        )
     )
     fresh, relabeled = _tables(root, "q45"), _tables(root, "one_q45")
     for name in fresh:

@@ -11,7 +11,7 @@ import pytest
 from recap.core import columns as C
 from recap.data.sidecars import read_returns
 from recap.errors import DatasetError, one_line
-from recap.steps.compute_returns import compute_returns
+from recap.steps.compute_returns import ReturnsConfig, compute_returns
 from tests.helpers import REPO, copy_fixture, tree_hashes
 
 # libero_like fixtures: lengths 9,12,7,15,10,13; outcomes T,T,F,T,F,T
@@ -42,7 +42,7 @@ def _sidecar_files(root):
 def test_rollout_fixture_values(tmp_path, name, capsys):
     root = copy_fixture(name, tmp_path)
     before = tree_hashes(root)
-    (result,) = compute_returns(datasets=[{"name": "r", "root": str(root)}], tag="t")
+    (result,) = compute_returns(ReturnsConfig(datasets=[{"name": "r", "root": str(root)}], tag="t"))
     table, stats = read_returns(root, "t")
     assert table.column(C.RETURN).to_pylist() == _expected_returns(LENGTHS, OUTCOMES)
     assert table.column(C.EPISODE_INDEX).to_pylist() == sum(
@@ -65,8 +65,12 @@ def test_rollout_fixture_values(tmp_path, name, capsys):
 
 def test_sft_and_v21_and_tag_isolation(tmp_path):
     root = copy_fixture("rlinf_like_v21_video", tmp_path)
-    compute_returns(datasets=[{"name": "s", "root": str(root), "type": "sft"}], tag="")
-    compute_returns(datasets=[{"name": "s", "root": str(root), "failure_reward": -50.0}], tag="b")
+    compute_returns(
+        ReturnsConfig(datasets=[{"name": "s", "root": str(root), "type": "sft"}], tag="")
+    )
+    compute_returns(
+        ReturnsConfig(datasets=[{"name": "s", "root": str(root), "failure_reward": -50.0}], tag="b")
+    )
     sft, sft_stats = read_returns(root, "")
     roll, roll_stats = read_returns(root, "b")
     assert sft_stats["num_successes"] == 7 and sft_stats["return_min"] > -50
@@ -89,7 +93,9 @@ def test_next_success_outcome_column(tmp_path):
     t = t.rename_columns([C.NEXT_SUCCESS if c == C.IS_SUCCESS else c for c in t.column_names])
     pq.write_table(t, path)
     compute_returns(
-        datasets=[{"name": "r", "root": str(root), "outcome_column": "next.success"}], tag="n"
+        ReturnsConfig(
+            datasets=[{"name": "r", "root": str(root), "outcome_column": "next.success"}], tag="n"
+        )
     )
     assert read_returns(root, "n")[0].column(C.RETURN).to_pylist() == _expected_returns(
         LENGTHS, OUTCOMES
@@ -158,11 +164,13 @@ def test_bad_input_writes_nothing_anywhere(tmp_path, case):
     before = {p: tree_hashes(p) for p in (good, bad)}
     with pytest.raises(DatasetError) as err:
         compute_returns(
-            datasets=[
-                {"name": "good", "root": str(good), "type": "sft"},
-                {"name": "bad", "root": str(bad), "type": "rollout"},
-            ],
-            tag="x",
+            ReturnsConfig(
+                datasets=[
+                    {"name": "good", "root": str(good), "type": "sft"},
+                    {"name": "bad", "root": str(bad), "type": "rollout"},
+                ],
+                tag="x",
+            )
         )
     msg = one_line(err.value)
     assert "\n" not in msg and msg == str(err.value).splitlines()[0]
@@ -226,7 +234,7 @@ def test_episode_spanning_v30_files(tmp_path):
     cfg = WriterConfig(max_frames_per_file=4)
     write_lerobot_dataset(root, [episode(3, True), episode(6, False), episode(2, True)], cfg)
     assert len(list((root / "data" / "chunk-000").glob("*.parquet"))) == 3
-    compute_returns(datasets=[{"name": "s", "root": str(root)}], tag="")
+    compute_returns(ReturnsConfig(datasets=[{"name": "s", "root": str(root)}], tag=""))
     table, stats = read_returns(root, "")
     assert table.column(C.RETURN).to_pylist() == [
         -2,

@@ -24,8 +24,8 @@ from recap.data.specs import parse_dataset_specs
 from recap.envs.reach import write_demo_datasets, write_demo_tokenizer
 from recap.errors import RecapError
 from recap.models.value import value_model
-from recap.steps.compute_advantages import compute_advantages
-from recap.steps.compute_returns import compute_returns
+from recap.steps.compute_advantages import AdvantagesConfig, compute_advantages
+from recap.steps.compute_returns import ReturnsConfig, compute_returns
 from tests.aloha import write_aloha
 from tests.helpers import one_rank_here
 
@@ -82,7 +82,7 @@ def test_step3_with_lookahead_s_on_datasets_of_two_rates(tmp_path):
     entries = [{"name": "sft", "root": "sft", "type": "sft"},
                {"name": "eval20", "root": "eval20", "type": "rollout"}]  # fmt: skip
     gin.clear_config()
-    compute_returns(datasets=entries, data_root=str(root))
+    compute_returns(ReturnsConfig(datasets=entries, data_root=str(root)))
     parse_gin(["demo/value.gin"], [])
     torch.manual_seed(0)
     configured(value_model)().save_pretrained(root / "pretrained")
@@ -90,10 +90,10 @@ def test_step3_with_lookahead_s_on_datasets_of_two_rates(tmp_path):
     out = io.StringIO()
     with one_rank_here(out):
         gin.bind_parameter("Tracker.enabled", False)
-        compute_advantages(datasets=entries, data_root=str(root), tag="sec",
+        compute_advantages(AdvantagesConfig(datasets=entries, data_root=str(root), tag="sec",
                            model_path=str(root / "pretrained"),
                            tokenizer_path=str(root / "tokenizer"), max_length=16, batch_size=16,
-                           lookahead_s=0.5, output_dir=str(tmp_path / "pics"))  # fmt: skip
+                           lookahead_s=0.5, output_dir=str(tmp_path / "pics")))  # fmt: skip
     gin.clear_config()
     assert "look-ahead 0.5 s = {'sft': 5, 'eval20': 10} frames" in out.getvalue()
     for name, n in (("sft", 5), ("eval20", 10)):

@@ -18,8 +18,8 @@ from recap.core.thresholds import IS_CORRECTION, LabelOptions
 from recap.data.lerobot import LocalDataset
 from recap.data.sidecars import read_advantages, read_returns, write_advantages
 from recap.errors import DatasetError, RecapError
-from recap.steps.compute_returns import compute_returns
-from recap.steps.relabel import relabel
+from recap.steps.compute_returns import ReturnsConfig, compute_returns
+from recap.steps.relabel import RelabelConfig, relabel
 from tests.helpers import REPO, copy_fixture, tree_hashes
 
 NEW_FILES = ("meta/advantages_v2.parquet", "meta/mixture_config.yaml")
@@ -41,7 +41,7 @@ def datasets(tmp_path):
         {"name": "roll", "root": str(roll), "type": "rollout"},
         {"name": "sft", "root": str(sft), "type": "sft"},
     ]
-    compute_returns(datasets=entries, tag="r")
+    compute_returns(ReturnsConfig(datasets=entries, tag="r"))
     return entries
 
 
@@ -96,7 +96,9 @@ def _yaml(entry):
 def test_relabel_equals_fresh_labeling(datasets, scope, capsys):
     _write_source(datasets)
     paths = relabel(
-        datasets=datasets, source_tag="v1", new_tag="v2", positive_quantile=0.55, scope=scope
+        RelabelConfig(
+            datasets=datasets, source_tag="v1", new_tag="v2", positive_quantile=0.55, scope=scope
+        )
     )
     fresh = _fresh(datasets, 0.55, scope)
     for e in datasets:
@@ -121,7 +123,7 @@ def test_relabel_touches_nothing_else(datasets):
     _write_source(datasets)
     before = {e["name"]: tree_hashes(Path(e["root"])) for e in datasets}
     yaml_before = {e["name"]: _yaml(e) for e in datasets}
-    relabel(datasets=datasets, source_tag="v1", new_tag="v2", positive_quantile=0.4)
+    relabel(RelabelConfig(datasets=datasets, source_tag="v1", new_tag="v2", positive_quantile=0.4))
     for e in datasets:
         after = tree_hashes(Path(e["root"]))
         assert set(after) - set(before[e["name"]]) == {NEW_FILES[0]}
@@ -143,7 +145,7 @@ def test_corrections_are_forced_positive(datasets):
     # the fixtures' boolean `done` column (last frame) stands in for human corrections
     _write_source(datasets)
     entries = [{**datasets[0], "correction_column": "done"}, datasets[1]]
-    relabel(datasets=entries, source_tag="v1", new_tag="v2", positive_quantile=0.2)
+    relabel(RelabelConfig(datasets=entries, source_tag="v1", new_tag="v2", positive_quantile=0.2))
     fresh = _fresh(datasets, 0.2, "global", correction="done")["roll"]
     table, record = read_advantages(datasets[0]["root"], "v2")
     assert table.equals(fresh)
@@ -244,9 +246,9 @@ def test_sidecar_not_matching_the_dataset(datasets):
         DatasetError,
         match=r"advantages_v1\.parquet: dataset frames: 1 rows match no frame of the dataset",
     ):
-        relabel(datasets=datasets, source_tag="v1", new_tag="v2", scope="per_task")
+        relabel(RelabelConfig(datasets=datasets, source_tag="v1", new_tag="v2", scope="per_task"))
     with pytest.raises(RecapError, match="new_tag"):
-        relabel(datasets=datasets, source_tag="v1", new_tag="v1")
+        relabel(RelabelConfig(datasets=datasets, source_tag="v1", new_tag="v1"))
 
 
 # ---- the per-tag record: meta/mixture_config.yaml in RLinf's layout -----------------------

@@ -16,7 +16,7 @@ from recap.data.datasets import value_data
 from recap.engine.inference import load_exported
 from recap.envs.reach import write_demo_datasets, write_demo_tokenizer
 from recap.models.value import value_model
-from recap.steps.compute_returns import compute_returns
+from recap.steps.compute_returns import ReturnsConfig, compute_returns
 from tests.helpers import REPO, launch_env
 
 STEPS = 6
@@ -29,10 +29,10 @@ def run(tmp_path_factory):
     write_demo_datasets(data, seed=0, sft_episodes=4, rollout_episodes=8, eval_episodes=3)
     write_demo_tokenizer(data)
     gin.clear_config()
-    compute_returns(
+    compute_returns(ReturnsConfig(
         datasets=[{"name": n, "root": str(data / n), "type": t}
                   for n, t in (("sft", "sft"), ("rollout", "rollout"), ("eval", "rollout"))]
-    )  # fmt: skip
+    ))  # fmt: skip
     params = [
         f'value_data.data_root = "{data}"',
         f'value_data.tokenizer_path = "{data / "tokenizer"}"',
