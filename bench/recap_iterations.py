@@ -16,9 +16,9 @@ iteration k - iteration k-1) the paired difference and its interval. A PNG of su
 iteration (per-seed dots, mean and interval per setting) and the table go to MLflow (experiment
 ``bench``, run ``recap_iterations``); the ``RESULT:`` line reports the target: each iteration's
 interval above the previous one's (non-overlapping), 3 seeds x >= 200 episodes. A loop whose
-iterations all have records (``recap.iterate.recorded_iterations``: ``recap-iterate``'s markers)
-is read, not run, so a rerun only summarizes and an interrupted bench continues (loops over
-the same base data write their own returns sidecars, so one never unfinishes another).
+iterations all have records (``recap.workflow.iterate.recorded_iterations``: ``recap-iterate``'s
+markers) is read, not run, so a rerun only summarizes and an interrupted bench continues (loops
+over the same base data write their own returns sidecars, so one never unfinishes another).
 
     python bench/recap_iterations.py                      # 3 seeds, both settings, 200 episodes
     python bench/recap_iterations.py --state-targets --sft-episodes 3000 --rollout-episodes 3000
@@ -198,7 +198,7 @@ def outcomes_of(run_dir: str | None) -> list[int]:
 def loop_outcomes(seed: int, setting: str, args, log: Path) -> dict:
     """Run (or skip) the loop; ``{"bc": outcomes, 1: outcomes, ...}`` and the loop's wall time
     and collection figures per iteration, from ``recap-iterate``'s records."""
-    from recap.iterate import recorded_iterations
+    from recap.workflow.iterate import recorded_iterations
 
     params = loop_params(seed, setting, args)
     records = recorded_iterations(["demo/iterate.gin"], params)

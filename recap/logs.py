@@ -8,11 +8,12 @@ filter (``RankZeroFilter``) that drops records on ranks other than 0 unless they
 ``extra=ALL_RANKS``. The logger does not propagate: an application's root handlers never print a
 line twice; attach a handler to ``logging.getLogger("recap")`` to route them elsewhere. Progress
 bars stay ``tqdm`` (stderr, rank 0). What goes through it: the progress and status lines of the
-library (the steps, the engine, ``recap.pipeline``'s and ``recap.iterate``'s stage lines and
-summary tables, ``evaluate_policy``'s rates). What stays ``print``: errors and warnings a command
-writes to stderr (``error: ...``), result lines a script's caller parses (``RESULT: ...``), and a
-command's own report on stdout (``--dry_run`` plans, ``recap-doctor``, ``recap-plan-memory``,
-``recap-collect``'s and ``recap-demo-data``'s summaries, ``recap-standins``' bindings).
+library (the steps, the engine, ``recap.workflow.pipeline``'s and ``recap.workflow.iterate``'s
+stage lines and summary tables, ``evaluate_policy``'s rates). What stays ``print``: errors and
+warnings a command writes to stderr (``error: ...``), result lines a script's caller parses
+(``RESULT: ...``), and a command's own report on stdout (``--dry_run`` plans, ``recap-doctor``,
+``recap-plan-memory``, ``recap-collect``'s and ``recap-demo-data``'s summaries, ``recap-standins``'
+bindings).
 
 ``rank()`` is the process's rank without ``recap.engine``: ``torch.distributed``'s when a process
 group is up, else the launcher's ``RANK`` (0 when unset) -- what ``recap.engine.distributed.rank``

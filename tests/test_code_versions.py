@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from recap.config_resolve import EXCLUDED, bound_keys, short
-from recap.pipeline import _parse_step, config_text, load_pipeline
 from recap.registry import register_all
 from recap.workflow import code_versions
 from recap.workflow import lock as lock_module
 from recap.workflow.code_versions import lock, reads, step_module
 from recap.workflow.lock import _normalized, compute, problems
+from recap.workflow.pipeline import _parse_step, config_text, load_pipeline
 from recap.workflow.stages import BY_NAME, STAGES
 
 GIN = Path(__file__).resolve().parents[1] / "recap" / "gin"

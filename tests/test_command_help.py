@@ -6,8 +6,9 @@ import argparse
 
 import pytest
 
-from recap import cli, iterate, pipeline
+from recap import cli
 from recap.commands import collect, import_rlinf, init, make_demo_data, plan_memory, serve, sweep
+from recap.workflow import iterate, pipeline
 
 
 def parsers() -> dict[str, argparse.ArgumentParser]:

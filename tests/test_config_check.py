@@ -5,12 +5,12 @@ from __future__ import annotations
 import gin
 import pytest
 
-import recap.iterate  # noqa: F401  (registers iterate)
-import recap.pipeline  # noqa: F401  (registers pipeline)
 import recap.steps.compute_advantages  # noqa: F401
 import recap.steps.compute_returns  # noqa: F401
 import recap.steps.evaluate_policy  # noqa: F401
 import recap.steps.train  # noqa: F401
+import recap.workflow.iterate  # noqa: F401  (registers iterate)
+import recap.workflow.pipeline  # noqa: F401  (registers pipeline)
 from recap.cli import parse_gin
 from recap.config_check import (
     check_required,
@@ -305,9 +305,9 @@ def test_the_registry_knows_every_configurable_in_recap_and_its_module():
 
 def test_the_registry_names_a_configurable_by_its_function():
     from recap import registry
-    from recap.iterate import IterateConfig
     from recap.models.toy import toy_model
     from recap.steps.train import TrainConfig
+    from recap.workflow.iterate import IterateConfig
 
     assert registry.name_of(toy_model) == "toy_model"
     assert registry.name_of(TrainConfig) == "train"  # a step's config, under the step's name

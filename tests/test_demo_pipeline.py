@@ -8,8 +8,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from recap.pipeline import load_pipeline, plan, split_params
 from recap.workflow.bindings import lines
+from recap.workflow.pipeline import load_pipeline, plan, split_params
 from recap.workflow.report import (
     PAIRED_SEED,
     paired,

@@ -17,8 +17,8 @@ import recap.steps.compute_advantages
 from recap import registry
 from recap.config_resolve import bound_keys, resolved_config
 from recap.errors import RecapError
-from recap.pipeline import load_pipeline, plan, split_params
 from recap.workflow.code_versions import step_version
+from recap.workflow.pipeline import load_pipeline, plan, split_params
 
 DEMO = "demo/scratch.gin"
 

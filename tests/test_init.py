@@ -8,9 +8,9 @@ from pathlib import Path
 import gin
 import pytest
 
-from recap import pipeline
 from recap.commands.init import main
 from recap.data import lerobot
+from recap.workflow import pipeline
 from tests.aloha import write_aloha
 
 MODELS = ['all:SIGLIP = "/m/siglip"', 'all:GEMMA = "/m/gemma"', 'all:TOKENIZER = "/m/tok.model"',

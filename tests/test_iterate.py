@@ -55,8 +55,8 @@ def argv(root: Path, *extra: str) -> list[str]:
 def loop(tmp_path_factory):
     """Tiny demo data; the 2-iteration loop (baseline, then 2 x Steps 1-4: 7 trainings); the
     same command again with every launch and collection made to fail, and its dry run."""
-    import recap.iterate as iterate
-    import recap.pipeline as pipeline
+    import recap.workflow.iterate as iterate
+    import recap.workflow.pipeline as pipeline
     from recap.envs.reach import write_demo_datasets, write_demo_tokenizer
 
     root = tmp_path_factory.mktemp("iterate")
@@ -274,7 +274,7 @@ def test_the_dry_run_after_the_loop_skips_everything(loop):
     ],
 )  # fmt: skip
 def test_a_bad_loop_setting_is_one_line_and_exit_2(tmp_path, capsys, param, line):
-    from recap.iterate import main
+    from recap.workflow.iterate import main
 
     assert main([*argv(tmp_path, param), "--dry_run"]) == 2
     captured = capsys.readouterr()
@@ -287,7 +287,7 @@ def test_a_bad_loop_setting_is_one_line_and_exit_2(tmp_path, capsys, param, line
 def test_the_loop_settings_are_one_dataclass_coerced_to_its_annotations():
     """gin configures ``IterateConfig`` itself (no factory repeating its fields): a float bound
     to an int field and an int to a float one come out as the annotation says."""
-    from recap.iterate import IterateConfig
+    from recap.workflow.iterate import IterateConfig
 
     settings = IterateConfig(iterations=2.0, episodes=4.0, beta=1, max_steps=8.0)
     assert (settings.iterations, settings.episodes, settings.max_steps) == (2, 4, 8)
@@ -300,7 +300,7 @@ def test_the_loop_settings_are_one_dataclass_coerced_to_its_annotations():
 def test_finetune_starts_each_policy_from_the_previous_one(loop):
     """``policy_init = "finetune"``: iteration k's policy starts from policy k-1's weights (the
     baseline for k = 1), a binding its fingerprint hashes; the value model is retrained."""
-    from recap.iterate import load, plan_iterations, plan_start
+    from recap.workflow.iterate import load, plan_iterations, plan_start
 
     params = iterate_params(loop["root"], 'iterate.policy_init = "finetune"')
     config, scoped, settings = load(["demo/iterate.gin"], params)
@@ -338,8 +338,8 @@ def recorded_round(loop, tmp_path_factory):
     """20 reach episodes driven through openpi-client against a recording server (two steps of
     every third the scripted expert's), then ``recap-iterate --recorded DIR --serve`` over the
     loop's base data (recap-serve replaced by a stand-in that keeps its arguments)."""
-    import recap.iterate as iterate
     import recap.serve.launch as launch
+    import recap.workflow.iterate as iterate
     from recap.serve.load import load_served
     from tests.serve.test_record import record_reach, write_reach_policy
 
@@ -442,8 +442,8 @@ def test_two_loops_over_the_same_base_data_keep_their_own_returns(recorded_round
     """The recorded round ran Step 1 over the simulated loop's base data under a tag of its own:
     the loop's returns sidecars there were not rewritten, and a rerun of each loop (every
     launch, collection and merge made to fail) skips everything."""
-    import recap.iterate as iterate
-    import recap.pipeline as pipeline
+    import recap.workflow.iterate as iterate
+    import recap.workflow.pipeline as pipeline
 
     def no_launch(*args, **kwargs):
         raise AssertionError(f"a finished iteration launched {args[0]}")
@@ -490,7 +490,7 @@ def test_two_loops_over_the_same_base_data_keep_their_own_returns(recorded_round
     ],
 )  # fmt: skip
 def test_a_bad_recorded_setting_is_one_line_and_exit_2(tmp_path, capsys, extra, line):
-    from recap.iterate import main
+    from recap.workflow.iterate import main
 
     assert main([*argv(tmp_path, *RECORDED), *extra]) == 2
     assert capsys.readouterr().err == f"error: {line}\n"
@@ -498,7 +498,7 @@ def test_a_bad_recorded_setting_is_one_line_and_exit_2(tmp_path, capsys, extra, 
 
 
 def test_an_empty_recording_directory_is_one_line_and_exit_2(tmp_path, capsys):
-    from recap.iterate import main
+    from recap.workflow.iterate import main
 
     (tmp_path / "rec" / "episode_000000").mkdir(parents=True)  # unfinished: no meta/info.json
     assert main([*recorded_argv(tmp_path, tmp_path / "rec"), "--dry_run"]) == 2
@@ -515,7 +515,7 @@ def test_the_loop_takes_any_env_the_factory_builds_with_its_options():
     ``module:Factory``); ``env_options`` enter the collection's fingerprint only when set, so
     collections made without them keep theirs."""
     from recap.errors import RecapError, one_line
-    from recap.iterate import IterateConfig
+    from recap.workflow.iterate import IterateConfig
 
     push = IterateConfig(iterations=1, env="metaworld", expert=True,
                          env_options={"env_name": "push-v3", "image_size": 32})  # fmt: skip

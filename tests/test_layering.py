@@ -75,7 +75,7 @@ def copy(tmp_path_factory) -> Path:
         ("recap/models/losses.py", "from recap.data import specs", CONTRACTS[3]),
         ("recap/processing/cameras.py", "import recap.data.lerobot", CONTRACTS[3]),
         # a lower layer importing a higher one; siblings of an independent layer
-        ("recap/cli.py", "import recap.pipeline", CONTRACTS[4]),
+        ("recap/cli.py", "import recap.workflow.pipeline", CONTRACTS[4]),
         ("recap/processing/cameras.py", "import recap.viz", CONTRACTS[4]),
         ("recap/envs/reach/task.py", "import recap.steps.relabel", CONTRACTS[5]),
         ("recap/serve/load.py", "import recap.commands.train", CONTRACTS[6]),

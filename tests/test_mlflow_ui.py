@@ -16,9 +16,9 @@ import gin
 import pytest
 from mlflow import MlflowClient
 
-from recap.pipeline import load_pipeline, plan, split_params
 from recap.ports import free_port
 from recap.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, Tracker, ui_address
+from recap.workflow.pipeline import load_pipeline, plan, split_params
 from recap.workflow.report import summary_metrics, track
 from tests.chromium import CHROMIUM_MISSING, browser, chromium_path
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from recap.errors import RecapError
-from recap.pipeline import load_pipeline, plan, split_params
+from recap.workflow.pipeline import load_pipeline, plan, split_params
 from tests.helpers import REPO, launch_env, tree_hashes
 
 PIPELINE = str(REPO / "scripts" / "pipeline.py")
@@ -207,7 +207,7 @@ def test_bad_pipeline_config(tmp_path, param, message):
 def test_bad_step_binding_fails_before_anything_runs(tmp_path, capsys):
     import gin
 
-    from recap.pipeline import main
+    from recap.workflow.pipeline import main
 
     params = [*tiny_params(tmp_path), "value:train.max_stepz = 3"]
     code = main(
@@ -224,7 +224,7 @@ def test_bad_step_binding_fails_before_anything_runs(tmp_path, capsys):
 
 def dry_run_error(tmp_path: Path, capsys, *extra: str) -> str:
     """The one error line of ``--dry_run`` with ``extra`` bindings (exit 2, nothing written)."""
-    from recap.pipeline import main
+    from recap.workflow.pipeline import main
 
     params = [*tiny_params(tmp_path), *extra]
     argv = ["--gin_file", "demo/scratch.gin", "--dry_run"]
@@ -306,7 +306,7 @@ def test_a_fingerprint_hashes_the_complete_config_and_fails_loudly(tmp_path, mon
 
 
 def test_sweep_plans_every_point_and_shares_common_steps(tmp_path, capsys):
-    from recap.pipeline import main
+    from recap.workflow.pipeline import main
 
     sweep = tmp_path / "sweep.yaml"
     sweep.write_text(
@@ -340,7 +340,7 @@ def libero_argv(tmp_path, params):
 
 
 def test_the_libero_pipeline_plans_with_the_real_sizes(tmp_path, capsys):
-    from recap.pipeline import main
+    from recap.workflow.pipeline import main
 
     assert main(libero_argv(tmp_path, LIBERO_PARAMS)) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -349,7 +349,7 @@ def test_the_libero_pipeline_plans_with_the_real_sizes(tmp_path, capsys):
 
 
 def test_a_missing_required_binding_stops_the_plan_before_anything_runs(tmp_path, capsys):
-    from recap.pipeline import main
+    from recap.workflow.pipeline import main
 
     params = [p for p in LIBERO_PARAMS if "TOKENIZER" not in p]
     assert main(libero_argv(tmp_path, params)) == 2

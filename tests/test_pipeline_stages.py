@@ -13,7 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from recap.errors import RecapError
-from recap.pipeline import (
+from recap.workflow.bindings import Binding, lines, literal
+from recap.workflow.pipeline import (
     SWEEP_KEYS,
     config_text,
     load_pipeline,
@@ -21,7 +22,6 @@ from recap.pipeline import (
     plan,
     split_params,
 )
-from recap.workflow.bindings import Binding, lines, literal
 from recap.workflow.report import summary_metrics, summary_table
 from recap.workflow.stages import BY_NAME, SCOPES, STAGES, STEP_KEYS, Planned
 
@@ -278,7 +278,7 @@ def test_step_colon_reaches_a_gin_scope_named_like_the_step():
     in the step's complete config (what the fingerprint hashes), not the unscoped binding."""
     import gin
 
-    from recap.pipeline import _parse_step
+    from recap.workflow.pipeline import _parse_step
 
     own, scoped = split_params(["value:value/train.max_steps = 1"])
     assert scoped == {"value": ["value/train.max_steps = 1"]}

@@ -57,9 +57,9 @@ STAGES = ["returns", "value", "advantages", "policy", "baseline"]
 
 def tiny_bindings() -> dict[str, object]:
     """Every binding of tiny.gin, as ``configurable.param -> value`` (gin's public API only)."""
-    import recap.pipeline  # noqa: F401  (registers every step's configurables)
     import recap.steps.compute_advantages  # noqa: F401
     import recap.steps.train  # noqa: F401
+    import recap.workflow.pipeline  # noqa: F401  (registers every step's configurables)
     from recap.config_check import config_entries
 
     gin.clear_config()

@@ -34,10 +34,10 @@ EXP = "experiments/rlinf_libero10_task0_{}.gin"
 
 
 def _bindings(step: str, names: list[str]) -> dict[str, object]:
-    import recap.pipeline  # noqa: F401  (registers every step's configurables)
     import recap.steps.compute_advantages  # noqa: F401
     import recap.steps.compute_returns  # noqa: F401
     import recap.steps.train  # noqa: F401
+    import recap.workflow.pipeline  # noqa: F401  (registers every step's configurables)
 
     gin.clear_config()
     try:

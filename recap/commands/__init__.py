@@ -5,7 +5,7 @@ recap.commands.NAME``, or in a checkout through the ``scripts/NAME.py`` shims.
 =================== ===================== ======================================================
 module              console script        what
 =================== ===================== ======================================================
-pipeline            recap-pipeline        Steps 1-4 as one job (``recap.pipeline``)
+pipeline            recap-pipeline        Steps 1-4 as one job (``recap.workflow.pipeline``)
 train               recap-train           Step 2 / 4 training on the DeepSpeed engine
 compute_returns     recap-returns         Step 1: per-frame returns
 compute_advantages  recap-advantages      Step 3: value inference, advantages, labels

@@ -11,10 +11,10 @@
 iteration's collection the episodes recorded there instead of simulated rollouts; ``--serve``
 serves the last iteration's policy with ``recap-serve`` when the iterations finish.
 
-``iterate.*`` bindings set the loop (``recap.iterate.IterateConfig``); ``STEP:binding`` goes to
-one pipeline step (e.g. ``'value:train.max_steps = 100'``), ``pipeline.*`` to the pipeline, as
-for ``recap-pipeline``. Rerun the same command and finished iterations are skipped. The logic is
-in ``recap.iterate``.
+``iterate.*`` bindings set the loop (``recap.workflow.iterate.IterateConfig``); ``STEP:binding``
+goes to one pipeline step (e.g. ``'value:train.max_steps = 100'``), ``pipeline.*`` to the
+pipeline, as for ``recap-pipeline``. Rerun the same command and finished iterations are skipped.
+The logic is in ``recap.workflow.iterate``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from recap.iterate import main as run_iterate_command
+    from recap.workflow.iterate import main as run_iterate_command
 
     return run_iterate_command(argv)
 

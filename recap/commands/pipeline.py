@@ -7,7 +7,7 @@
 
 ``STEP:binding`` goes to one step (returns, value, advantages, policy, baseline, evaluate, all;
 the older ``STEP/binding`` still works, with a deprecation warning); other bindings configure
-``pipeline.*``. The logic is in ``recap.pipeline``.
+``pipeline.*``. The logic is in ``recap.workflow.pipeline``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from recap.pipeline import main as run_pipeline_command
+    from recap.workflow.pipeline import main as run_pipeline_command
 
     return run_pipeline_command(argv)
 

@@ -6,8 +6,8 @@ a list of datasets, but a list of 500 one-episode datasets costs 500 of everythi
 500 dataset entries in every step's bindings and fingerprint, 500 returns and 500 advantages
 sidecars per round, 500 datasets opened (info, episodes, tasks, footers) by every reader and
 data-loader worker. ``recap-iterate`` therefore merges a round's recordings into one dataset
-first (``recap.iterate``: ``iterate.recorded``), a cost paid once per round that is mostly file
-copies, and the pipeline then sees one dataset of 500 episodes.
+first (``recap.workflow.iterate``: ``iterate.recorded``), a cost paid once per round that is
+mostly file copies, and the pipeline then sees one dataset of 500 episodes.
 
 The merge re-indexes, it does not re-encode:
 

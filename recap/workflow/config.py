@@ -1,6 +1,6 @@
 """The pipeline's own settings as a typed value. gin binds them at the edge
-(``recap.pipeline.pipeline_config``, the ``pipeline.*`` bindings), which checks them and builds
-this; the planner, the runner and the summary read only this."""
+(``recap.workflow.pipeline.pipeline_config``, the ``pipeline.*`` bindings), which checks them and
+builds this; the planner, the runner and the summary read only this."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from pathlib import Path
 
 @dataclass
 class PipelineConfig:
-    """What ``pipeline.*`` resolved to (``recap.pipeline.pipeline_config`` says what each is)."""
+    """What ``pipeline.*`` resolved to (``recap.workflow.pipeline.pipeline_config`` says what
+    each is)."""
 
     name: str
     steps: dict[str, list[str]]

@@ -1,6 +1,6 @@
 """The pipeline's stages: what each runs, what it reads from the stages it needs, where its
 outputs go, and how its result reads (summary figures, MLflow metrics, summary-table cell,
-headline). ``recap.pipeline`` plans and runs them; ``recap.workflow.report`` sums them up.
+headline). ``recap.workflow.pipeline`` plans and runs them; ``recap.workflow.report`` sums them up.
 
 A new stage is a ``Stage`` subclass (or an instance of one) added to ``STAGES``: the planner, the
 runner and the summary only call its hooks; its fingerprint needs nothing more

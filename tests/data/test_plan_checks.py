@@ -12,10 +12,10 @@ import gin
 import numpy as np
 import pytest
 
-from recap import pipeline
 from recap.data import lerobot
 from recap.data.norm_stats import write_norm_stats
 from recap.processing.normalize import QuantileStats
+from recap.workflow import pipeline
 from tests.aloha import CHOSEN, write_aloha
 
 STAGES = 'pipeline.stages = ["returns", "value", "advantages", "policy"]'

@@ -140,7 +140,7 @@ def test_nvme_offload_without_async_io_stops_the_pipeline_plan_in_one_line(
     inside ``zero.Init`` on every rank, after Steps 1-3 ran."""
     import gin
 
-    from recap.pipeline import main
+    from recap.workflow.pipeline import main
 
     params = [f'pipeline.run_root = "{tmp_path}"', 'policy:deepspeed_config.offload_param = "nvme"',
               f'policy:deepspeed_config.nvme_path = "{tmp_path}"']  # fmt: skip

@@ -21,7 +21,7 @@ DISTRIBUTED = ("value", "advantages", "policy", "baseline")
 
 
 def libero_dry_run(tmp_path: Path, capsys, *params: str) -> tuple[int, str, str]:
-    from recap.pipeline import main
+    from recap.workflow.pipeline import main
 
     code = main(libero_argv(tmp_path / "runs", [*LIBERO_PARAMS, *params]))
     captured = capsys.readouterr()
@@ -84,7 +84,7 @@ def test_bad_multinode_option_is_one_line(tmp_path, capsys, param, message):
 
 
 def test_multinode_options_need_the_deepspeed_launcher(tmp_path):
-    from recap.pipeline import load_pipeline
+    from recap.workflow.pipeline import load_pipeline
 
     with pytest.raises(RecapError, match=r"launcher: 'python' runs one process; the multi-node"):
         load_pipeline(

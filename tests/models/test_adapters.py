@@ -160,7 +160,7 @@ def test_unknown_tower_or_target_module_is_one_line_at_parse_time():
 def test_the_pipeline_plan_stops_at_an_unknown_tower_in_one_line(tmp_path, capsys):
     """The pipeline parses every step's bindings before anything runs: the same line, naming the
     step, exit 2 (``--dry_run`` too)."""
-    from recap.pipeline import main
+    from recap.workflow.pipeline import main
 
     argv = ["--gin_file", "demo/scratch.gin", "--dry_run",
             "--gin_param", f'pipeline.run_root = "{tmp_path}"',

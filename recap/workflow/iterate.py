@@ -21,7 +21,7 @@ For k = 1 .. ``iterate.iterations``:
    simulated and no policy 0 is needed (``policy_init = "retrain"``; ``"finetune"`` starts from
    the baseline or ``start_run`` as above). ``recap-iterate --recorded DIR --serve`` runs Steps
    1-4 on the recordings and then serves the new policy (``recap-serve``).
-2. **Steps 1-4** through ``recap.pipeline`` (``plan`` / ``run_pipeline``) with every step's
+2. **Steps 1-4** through ``recap.workflow.pipeline`` (``plan`` / ``run_pipeline``) with every step's
    dataset list (``compute_returns`` / ``value_data`` / ``compute_advantages`` / ``policy_data``
    ``.datasets``) extended by every rollout collected so far, and a Step 1 tag of its own,
    ``{tag}_iter{k}_{F[:12]}`` with ``F`` the fingerprint of Step 1 planned under the tag
@@ -41,7 +41,7 @@ For k = 1 .. ``iterate.iterations``:
 
 A finished iteration is skipped: its marker ``{root}/.iterate/iter{k}-{key}.json`` (``key``
 hashes the collection's and the stages' fingerprints) records the collected files' sizes and
-modification times, and every stage it ran must still be ``recap.pipeline.finished``. A
+modification times, and every stage it ran must still be ``recap.workflow.pipeline.finished``. A
 collection is content-addressed too (its fingerprint hashes the collecting policy's fingerprint
 and every collection setting), so a changed upstream policy collects into a new directory.
 """
@@ -63,10 +63,10 @@ from recap.configurable import REQUIRED, clear_config, configurable, configured
 from recap.envs.factory import ENVS, EXPERTS, known_env
 from recap.errors import RecapError
 from recap.io import write_json
-from recap.pipeline import finished, load_pipeline, plan, run_pipeline, split_params
 from recap.registry import register
 from recap.workflow.bindings import Binding, lines
 from recap.workflow.config import PipelineConfig
+from recap.workflow.pipeline import finished, load_pipeline, plan, run_pipeline, split_params
 from recap.workflow.report import summary_metrics
 from recap.workflow.store import stamp, unchanged
 
@@ -835,7 +835,7 @@ def serve_extra(serve_args: str) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from recap.pipeline import exit_code
+    from recap.workflow.pipeline import exit_code
 
     args = build_parser().parse_args(argv)
 
