@@ -1,7 +1,8 @@
 """Value-model data loading vs training consumption on the demo config, in one run.
 
-Loader: samples/s of ``value_data()`` batches (demo sizes: micro batch 16) fetched the way the
-engine fetches them (``__getitems__`` per micro-batch), in the main process and with 2 workers.
+Loader: samples/s of ``ValueDataConfig.build()`` batches (demo sizes: micro batch 16) fetched
+the way the engine fetches them (``__getitems__`` per micro-batch), in the main process and with
+2 workers.
 Training: samples/s of forward + backward + AdamW steps of the demo value model on batches
 fetched beforehand (so loading is not in its time). The loader keeps up when its rate is above
 the training rate. Needs the demo data: ``python scripts/make_demo_data.py --out demo_data &&
@@ -18,7 +19,7 @@ import torch
 import recap.steps.train  # noqa: F401  (registers the gin configurables)
 from recap.cli import parse_gin
 from recap.configurable import configured
-from recap.data.datasets import value_data
+from recap.data.datasets import ValueDataConfig
 from recap.engine.loader import batch_loader
 from recap.models.value import value_model
 
@@ -58,7 +59,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=60)
     args = parser.parse_args()
     parse_gin([args.gin_file], [])
-    dataset = configured(value_data)()
+    dataset = configured(ValueDataConfig)().build()
     main_process = loader_rate(dataset, args.batch, 0, args.batches)
     workers = loader_rate(dataset, args.batch, 2, args.batches)
     training = training_rate(dataset, args.batch, 30)

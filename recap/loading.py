@@ -160,11 +160,11 @@ def processor_from_gin(path: Path, model_config, overrides: dict) -> Pi05Process
     from the datasets when they are bound (the state names come with them), else from the
     bound prompt settings alone."""
     from recap.configurable import bound
-    from recap.data.policy_data import describe_stats, policy_data, run_stats
+    from recap.data.policy_data import PolicyDataConfig, describe_stats, run_stats
 
     stats, where = run_stats(path)
     if bound("policy_data.datasets") is not None:
-        processor = configured(policy_data)(export_stats=False).processor
+        processor = configured(PolicyDataConfig)(export_stats=False).build().processor
         if stats is not None:
             processor = processor.replace(
                 state_stats=stats["state"].first(processor.state_dim),

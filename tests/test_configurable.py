@@ -185,3 +185,24 @@ def test_every_step_takes_its_config_declared_under_the_steps_name():
     }
     assert [type(config_class(s)).__name__ for s in steps] == ["type"] * 5
     assert all(config_class(s).__dataclass_params__.frozen for s in steps)
+
+
+def test_the_data_builders_are_frozen_configs_that_build_their_dataset():
+    from recap.data.datasets import ValueDataConfig
+    from recap.data.policy_data import PolicyDataConfig
+    from recap.steps.train import built_data
+
+    for name, config in (("value_data", ValueDataConfig), ("policy_data", PolicyDataConfig)):
+        assert DECLARED[name] is config and config.__dataclass_params__.frozen
+        assert callable(config.build)
+    with pytest.raises(RecapError) as err:
+        ValueDataConfig(datasets=[])
+    assert str(err.value) == (
+        "value_data.tokenizer_path is required; give ValueDataConfig(tokenizer_path=...) or bind "
+        "it, e.g. --gin_param 'value_data.tokenizer_path = ...'"
+    )
+    with pytest.raises(RecapError) as err:  # checked when built from the files, too
+        PolicyDataConfig(datasets=[], tokenizer_path="t", prompt_style="mine")
+    assert str(err.value).startswith("policy_data.prompt_style: 'mine' is not one of [")
+    data = [1, 2]
+    assert built_data(data) is data  # a factory's dataset (toy_data) is used as it is

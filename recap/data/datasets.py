@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 import torch
 from torch.utils.data import Dataset
 
-from recap.configurable import REQUIRED, configurable
+from recap.configurable import REQUIRED, check_given, configurable
 from recap.core import columns as C
 from recap.core.frames import align_to_frames
 from recap.core.normalize import ReturnRange, normalize_returns
@@ -242,32 +242,41 @@ def _virtual_index(
     return np.concatenate(sources), np.concatenate(rows)
 
 
-@configurable()
-def value_data(
-    split: str = "train",
-    datasets: list[dict] = REQUIRED,
-    eval_datasets: list[dict] | None = None,
-    data_root: str = "",
-    returns_tag: str = "",
-    tokenizer_path: str = REQUIRED,
-    image_size: int = 224,
-    max_length: int = 200,
-    mixing: str = "proportional",
-    seed: int = 0,
-) -> ValueDataset:
-    """Gin builder of the value model's train (``split="train"``) or eval data.
+@configurable("value_data")
+@dataclass(frozen=True)
+class ValueDataConfig:
+    """The value model's train (``split="train"``) or eval data (gin ``value_data.*``);
+    ``build()`` makes the ``ValueDataset``.
 
     Both splits normalize targets with the training datasets' return range; it travels in the
     dataset's ``ValueProcessor``, which ``train`` writes beside the weights (``processor.json``)
-    and Step 3 reads back. In gin::
+    and Step 3 reads back. In gin (``train`` builds what ``data_fn`` returns)::
 
         train.data_fn = @value_data
         train.eval_data_fn = @eval/value_data
         eval/value_data.split = "eval"
     """
-    train_specs, specs = split_specs("value_data", split, datasets, eval_datasets, data_root)
-    return_range = training_return_range(train_specs, returns_tag)
-    return ValueDataset(
-        specs, returns_tag, return_range, load_tokenizer(tokenizer_path), image_size,
-        max_length, mixing=mixing, seed=seed,
-    )  # fmt: skip
+
+    split: str = "train"
+    datasets: list[dict] = REQUIRED
+    eval_datasets: list[dict] | None = None
+    data_root: str = ""
+    returns_tag: str = ""
+    tokenizer_path: str = REQUIRED
+    image_size: int = 224
+    max_length: int = 200
+    mixing: str = "proportional"
+    seed: int = 0
+
+    def __post_init__(self):
+        check_given(self)
+
+    def build(self) -> ValueDataset:
+        """The dataset of ``split``, every file read and checked."""
+        train_specs, specs = split_specs("value_data", self.split, self.datasets,
+                                         self.eval_datasets, self.data_root)  # fmt: skip
+        return_range = training_return_range(train_specs, self.returns_tag)
+        return ValueDataset(
+            specs, self.returns_tag, return_range, load_tokenizer(self.tokenizer_path),
+            self.image_size, self.max_length, mixing=self.mixing, seed=self.seed,
+        )  # fmt: skip

@@ -43,7 +43,7 @@ import torch
 from torch.utils.data import Dataset
 
 from recap import logs
-from recap.configurable import REQUIRED, bound, configurable
+from recap.configurable import REQUIRED, bound, check_given, configurable
 from recap.core import columns as C
 from recap.data.conditioning import dataset_labels, draw_conditional, epoch_seed, quantile_stats
 from recap.data.datasets import MIXING, _virtual_index
@@ -373,60 +373,73 @@ class PolicyDataset(Dataset):
         return self.processor.tokenize(texts)
 
 
-@configurable()
-def policy_data(
-    split: str = "train",
-    datasets: list[dict] = REQUIRED,
-    eval_datasets: list[dict] | None = None,
-    data_root: str = "",
-    advantages_tag: str = "",
-    tokenizer_path: str = REQUIRED,
-    image_size: int = 224,
-    action_horizon: int = 50,
-    action_dim: int = 32,
-    conditioning: str = "paper",
-    dropout: float | None = None,
-    state_in_prompt: bool = True,
-    prompt_style: str = OPENPI,
-    label_position: str = LABEL_IN_TASK,
-    max_length: int = 200,
-    mixing: str = "proportional",
-    seed: int | None = None,
-    norm_stats: str = AUTO,
-    checkpoint: str | None = None,
-    asset_id: str | None = None,
-    export_stats: bool = True,
-    normalization: str | None = None,
-) -> PolicyDataset:
-    """Gin builder of the policy's train (``split="train"``) or eval data. Both splits use the
-    statistics of ``resolve_stats`` (``checkpoint``: the directory ``pi05_policy.checkpoint``
-    loads; ``asset_id``: its ``assets/<asset_id>``, any single one when None); the train split
-    prints where they come from and, with ``export_stats``, names the asset (``export_asset``:
-    ``asset_id or "recap"``) under which ``train`` writes them beside the weights, as openpi's
-    ``assets/<asset>/norm_stats.json``.
+@configurable("policy_data")
+@dataclass(frozen=True)
+class PolicyDataConfig:
+    """The policy's train (``split="train"``) or eval data (gin ``policy_data.*``); ``build()``
+    makes the ``PolicyDataset`` (``train`` builds what ``train.data_fn = @policy_data`` returns).
+
+    Both splits use the statistics of ``resolve_stats`` (``checkpoint``: the directory
+    ``pi05_policy.checkpoint`` loads; ``asset_id``: its ``assets/<asset_id>``, any single one
+    when None); the train split prints where they come from and, with ``export_stats``, names
+    the asset (``export_asset``: ``asset_id or "recap"``) under which ``train`` writes them
+    beside the weights, as openpi's ``assets/<asset>/norm_stats.json``.
     ``action_horizon`` must equal the model's. ``seed`` (label dropout and mixture) defaults to
     ``train.seed``. ``normalization``: the quantile formula (``recap.processing.normalize``);
     None: LeRobot's for statistics read from a LeRobot checkpoint's normalizer file, else
     openpi's. The train split's processor is written beside the weights by ``train``."""
-    check_style(prompt_style)
-    check_label_position(label_position)
-    seed = int(bound("train.seed", 0)) if seed is None else seed
-    train_specs, specs = split_specs("policy_data", split, datasets, eval_datasets, data_root)
-    stats, source = resolve_stats(norm_stats, checkpoint, asset_id, train_specs)
-    if normalization is None:
-        normalization = LEROBOT_FORMULA if source.endswith(".safetensors") else OPENPI_FORMULA
-    args = dict(tokenizer=load_tokenizer(tokenizer_path), image_size=image_size,
-                action_horizon=action_horizon, action_dim=action_dim, conditioning=conditioning,
-                dropout=dropout, state_in_prompt=state_in_prompt, max_length=max_length,
-                mixing=mixing, seed=seed, prompt_style=prompt_style,
-                label_position=label_position, tokenizer_path=tokenizer_path,
-                normalization=normalization)  # fmt: skip
-    data = PolicyDataset(specs, advantages_tag, stats=stats, **args)
-    if split == "train" and export_stats:  # ``train`` writes them beside the weights
-        data.export_asset = asset_id or DEFAULT_ASSET_ID
-    if split == "train" and logs.is_main():
-        log.info(describe_stats(stats, source))
-    return data
+
+    split: str = "train"
+    datasets: list[dict] = REQUIRED
+    eval_datasets: list[dict] | None = None
+    data_root: str = ""
+    advantages_tag: str = ""
+    tokenizer_path: str = REQUIRED
+    image_size: int = 224
+    action_horizon: int = 50
+    action_dim: int = 32
+    conditioning: str = "paper"
+    dropout: float | None = None
+    state_in_prompt: bool = True
+    prompt_style: str = OPENPI
+    label_position: str = LABEL_IN_TASK
+    max_length: int = 200
+    mixing: str = "proportional"
+    seed: int | None = None
+    norm_stats: str = AUTO
+    checkpoint: str | None = None
+    asset_id: str | None = None
+    export_stats: bool = True
+    normalization: str | None = None
+
+    def __post_init__(self):
+        check_given(self)
+        check_style(self.prompt_style)
+        check_label_position(self.label_position)
+
+    def build(self) -> PolicyDataset:
+        """The dataset of ``split``, every file read and checked."""
+        c = self
+        seed = int(bound("train.seed", 0)) if c.seed is None else c.seed
+        train_specs, specs = split_specs("policy_data", c.split, c.datasets, c.eval_datasets,
+                                         c.data_root)  # fmt: skip
+        stats, source = resolve_stats(c.norm_stats, c.checkpoint, c.asset_id, train_specs)
+        normalization = c.normalization
+        if normalization is None:
+            normalization = LEROBOT_FORMULA if source.endswith(".safetensors") else OPENPI_FORMULA
+        args = dict(tokenizer=load_tokenizer(c.tokenizer_path), image_size=c.image_size,
+                    action_horizon=c.action_horizon, action_dim=c.action_dim,
+                    conditioning=c.conditioning, dropout=c.dropout,
+                    state_in_prompt=c.state_in_prompt, max_length=c.max_length,
+                    mixing=c.mixing, seed=seed, prompt_style=c.prompt_style,
+                    label_position=c.label_position, tokenizer_path=c.tokenizer_path,
+                    normalization=normalization)  # fmt: skip
+        data = PolicyDataset(specs, c.advantages_tag, stats=stats, **args)
+        if c.split == "train" and c.export_stats:  # ``train`` writes them beside the weights
+            data.export_asset = c.asset_id or DEFAULT_ASSET_ID
+        if c.split == "train" and logs.is_main():
+            log.info(describe_stats(stats, source))
+        return data
 
 
 def run_stats(run_dir: str | Path, asset_id: str | None = None):

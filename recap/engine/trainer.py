@@ -45,7 +45,7 @@ from recap.tracking import Tracker
 log = logs.get(__name__)
 
 
-@dataclass
+@dataclass(frozen=True)
 class LoopOptions:
     """What the loop does and when; ``0`` for an interval means "only at the last step"."""
 

@@ -38,9 +38,10 @@ class TrainConfig:
 
     Args:
         model_fn: builds the model (e.g. ``@toy_model``, ``@value_model``, ``@pi05_policy``).
-        data_fn, eval_data_fn: build the training and evaluation data (``@value_data``,
-            ``@policy_data``); the training data vets the model it will feed
-            (``check_model``) and carries the processor saved beside the weights.
+        data_fn, eval_data_fn: return the training and evaluation data, or a data config whose
+            ``build()`` makes it (``@value_data``, ``@policy_data``); the training data vets
+            the model it will feed (``check_model``) and carries the processor saved beside
+            the weights.
         run_dir: checkpoints, exported weights and the processor; a rerun resumes from it.
         max_steps: optimizer steps.
         log_every, eval_every, save_every: intervals in steps (0: only at the last step).
@@ -89,8 +90,8 @@ def train(config: TrainConfig) -> FitResult:
         num_workers=c.num_workers,
         step_name=c.step_name,
     )
-    train_data = c.data_fn()
-    eval_data = c.eval_data_fn() if c.eval_data_fn is not None else None
+    train_data = built_data(c.data_fn())
+    eval_data = built_data(c.eval_data_fn()) if c.eval_data_fn is not None else None
     check = getattr(train_data, "check_model", None)  # the data vets the model it will feed
     built: dict = {}
 
@@ -107,6 +108,13 @@ def train(config: TrainConfig) -> FitResult:
     shown = ", ".join(f"{k} {v:.5g}" for k, v in final.items() if "loss" in k)
     log.info(f"{c.step_name}: step {result.step}; {shown}; weights in {result.export_path}")
     return result
+
+
+def built_data(made: object) -> object:
+    """What a ``data_fn`` returned, built when it is a data config (``ValueDataConfig``,
+    ``PolicyDataConfig``: ``build()``); a dataset as it is (``toy_data``)."""
+    build = getattr(made, "build", None)
+    return build() if callable(build) else made
 
 
 def save_processor(train_data, model_config, run_dir: Path) -> None:

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from recap.core.normalize import ReturnRange
-from recap.data.datasets import ValueDataset, _virtual_index, training_return_range, value_data
+from recap.data.datasets import ValueDataConfig, ValueDataset, _virtual_index, training_return_range
 from recap.data.lerobot import LIBERO_KEYS
 from recap.data.specs import parse_dataset_specs
 from recap.data.transforms import load_tokenizer, tokenize_prompts, write_word_tokenizer
@@ -95,11 +95,11 @@ def test_eval_split_uses_the_training_range(data, tmp_path):
             datasets=[{"name": "e", "root": str(other), "failure_reward": -50.0}], tag="t"
         )
     )
-    ds = value_data(
+    ds = ValueDataConfig(
         split="eval", datasets=[{"name": "r", "root": str(root)}],
         eval_datasets=[{"name": "e", "root": str(other)}], returns_tag="t",
         tokenizer_path=str(tok_dir), image_size=32,
-    )  # fmt: skip
+    ).build()  # fmt: skip
     assert ds.return_range == ReturnRange(-309.0, 0.0)
     assert ds.sources[0].spec.name == "e" and len(ds) == 71
 
@@ -127,7 +127,7 @@ def test_bad_mixing_and_split(data):
     with pytest.raises(RecapError, match="mixing: 'even' is not one of"):
         ValueDataset(specs, "t", ReturnRange(-1, 0), tok, 32, mixing="even")
     with pytest.raises(RecapError, match="split: 'test'"):
-        value_data(split="test", datasets=[], tokenizer_path=str(tok_dir))
+        ValueDataConfig(split="test", datasets=[], tokenizer_path=str(tok_dir)).build()
 
 
 def test_a_max_length_that_would_cut_a_prompt_is_refused_before_training(data):

@@ -139,7 +139,7 @@ def test_actions_are_normalized_chunks_that_round_trip(data):
 
 
 def test_eval_split_uses_the_training_statistics(data):
-    from recap.data.policy_data import policy_data
+    from recap.data.policy_data import PolicyDataConfig
 
     kwargs = dict(
         datasets=[{"name": "sft", "root": "sft", "type": "sft"},
@@ -148,13 +148,14 @@ def test_eval_split_uses_the_training_statistics(data):
         tokenizer_path=str(data / "tokenizer"), image_size=32, action_horizon=H,
         state_in_prompt=False, max_length=32,
     )  # fmt: skip
-    train, held_out = policy_data(split="train", **kwargs), policy_data(split="eval", **kwargs)
+    train = PolicyDataConfig(split="train", **kwargs).build()
+    held_out = PolicyDataConfig(split="eval", **kwargs).build()
     assert [s.spec.name for s in held_out.sources] == ["eval"]
     for name in ("state", "action"):
         np.testing.assert_array_equal(held_out.stats[name].q01, train.stats[name].q01)
         np.testing.assert_array_equal(held_out.stats[name].q99, train.stats[name].q99)
     with pytest.raises(RecapError, match="policy_data.eval_datasets: empty"):
-        policy_data(split="eval", **{**kwargs, "eval_datasets": None})
+        PolicyDataConfig(split="eval", **{**kwargs, "eval_datasets": None}).build()
 
 
 def test_the_data_refuses_a_model_its_tokens_or_chunks_do_not_fit(data):
@@ -212,7 +213,7 @@ def test_dropout_seed_follows_the_training_seed(data):
     import gin
 
     import recap.steps.train  # noqa: F401  (registers train, whose seed is read)
-    from recap.data.policy_data import policy_data
+    from recap.data.policy_data import PolicyDataConfig
 
     entries = [{"name": "sft", "root": "sft", "type": "sft"},
                {"name": "rollout", "root": "rollout"}]  # fmt: skip
@@ -223,9 +224,9 @@ def test_dropout_seed_follows_the_training_seed(data):
     for seed in (0, 1):
         gin.clear_config()
         gin.parse_config(f"train.seed = {seed}")
-        draws[seed] = policy_data(**common).conditional
+        draws[seed] = PolicyDataConfig(**common).build().conditional
     gin.clear_config()
-    explicit = policy_data(seed=1, **common).conditional
+    explicit = PolicyDataConfig(seed=1, **common).build().conditional
     np.testing.assert_array_equal(draws[1], explicit)
     assert (draws[0] != draws[1]).mean() > 0.2
 

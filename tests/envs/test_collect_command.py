@@ -16,7 +16,7 @@ from recap.commands.collect import main
 from recap.configurable import configured
 from recap.core.thresholds import IS_CORRECTION
 from recap.data.lerobot import LocalDataset
-from recap.data.policy_data import policy_data
+from recap.data.policy_data import PolicyDataConfig
 from recap.engine.checkpointing import save_exported
 from recap.envs.policy import ChunkAdapter
 from recap.envs.reach import write_demo_datasets, write_demo_tokenizer
@@ -94,6 +94,6 @@ def test_chunk_adapter_returns_the_chunk_whose_first_action_evaluate_executes(ru
            "state": np.zeros((2, 8), np.float32), "task": ["reach the red target"] * 2}  # fmt: skip
     chunk = ChunkAdapter(model, data, beta=1.0, seed=3)(obs)
     assert chunk.shape == (2, 5, 7) and chunk.dtype == np.float32
-    first = PolicyAdapter(model, configured(policy_data)(), beta=1.0, seed=3)(obs)
+    first = PolicyAdapter(model, configured(PolicyDataConfig)().build(), beta=1.0, seed=3)(obs)
     np.testing.assert_allclose(chunk[:, 0], first, rtol=1e-6, atol=1e-6)
     gin.clear_config()

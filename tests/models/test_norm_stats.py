@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import save_file
 
 from recap.data.conditioning import QuantileStats
-from recap.data.policy_data import policy_data, run_stats
+from recap.data.policy_data import PolicyDataConfig, run_stats
 from recap.errors import RecapError
 from recap.models.checkpoints import find_norm_stats, read_norm_stats, write_norm_stats
 from recap.steps.train import save_processor  # writes the statistics beside the weights
@@ -53,7 +53,7 @@ def build(data, **kwargs):
     args = dict(datasets=[{"name": "sft", "root": "sft", "type": "sft"}], data_root=str(data),
                 tokenizer_path=str(data / "tokenizer"), image_size=32, action_horizon=3,
                 conditioning="none", state_in_prompt=False, max_length=16)  # fmt: skip
-    return policy_data(**{**args, **kwargs})
+    return PolicyDataConfig(**{**args, **kwargs}).build()
 
 
 def first_line(err) -> str:

@@ -276,7 +276,7 @@ def test_step3_reads_values_back_with_the_range_the_value_run_recorded(demo, tmp
     import shutil
 
     from recap.core.normalize import ReturnRange
-    from recap.data.datasets import value_data
+    from recap.data.datasets import ValueDataConfig
     from recap.processing.pi05 import PROCESSOR_FILE
     from recap.processing.value import read_value_processor
     from recap.steps.train import save_processor
@@ -290,9 +290,9 @@ def test_step3_reads_values_back_with_the_range_the_value_run_recorded(demo, tmp
     parse_gin(["demo/value.gin"], [f'train.run_dir = "{tmp_path / "value_run"}"'])
     try:
         tokenizer = str(root / "tokenizer")
-        data = configured(value_data)(
+        data = configured(ValueDataConfig)(
             datasets=ENTRIES[:1], data_root=str(root), tokenizer_path=tokenizer
-        )
+        ).build()
     finally:
         gin.clear_config()
     assert not (tmp_path / "value_run").exists()  # the builder writes nothing

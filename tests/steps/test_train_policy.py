@@ -16,7 +16,7 @@ import torch
 import recap.steps.train  # noqa: F401  (registers the train step and the policy configurables)
 from recap.cli import parse_gin
 from recap.configurable import configured
-from recap.data.policy_data import policy_data
+from recap.data.policy_data import PolicyDataConfig
 from recap.engine.inference import load_exported
 from recap.envs.reach import write_demo_datasets, write_demo_tokenizer
 from recap.models.pi05 import frames_to_images, pi05_policy
@@ -90,7 +90,7 @@ def test_export_equals_the_engine_checkpoint_and_samples_reproducibly(run):
     exported = model.state_dict()
     for name, value in engine.items():
         torch.testing.assert_close(exported[name], value, rtol=0, atol=0, msg=name)
-    data = configured(policy_data)()
+    data = configured(PolicyDataConfig)().build()
     batch = data.__getitems__(list(range(0, len(data), 16)))
     noise = torch.randn(batch["actions"].shape, generator=torch.Generator().manual_seed(0))
     first = model.sample_actions(batch, noise, beta=1.0)
@@ -113,18 +113,18 @@ def test_closed_loop_step_runs_every_beta(run):
     probe = record["sensitivity"]
     assert set(probe) == {"positive_vs_plain", "positive_vs_negative", "noise_reference"}
     assert probe["noise_reference"] > 0 and probe["positive_vs_plain"] > 0
-    adapter = PolicyAdapter(model, configured(policy_data)(), beta=2.0, seed=5)
+    adapter = PolicyAdapter(model, configured(PolicyDataConfig)().build(), beta=2.0, seed=5)
     obs = {"images": {"image": np.zeros((2, 64, 64, 3), np.uint8),
                       "wrist_image": np.zeros((2, 64, 64, 3), np.uint8)},
            "state": np.zeros((2, 8), np.float32), "task": ["reach the red target"] * 2}  # fmt: skip
     actions = adapter(obs)
     assert actions.shape == (2, 7) and np.isfinite(actions).all()
-    again = PolicyAdapter(model, configured(policy_data)(), beta=2.0, seed=5)(obs)
+    again = PolicyAdapter(model, configured(PolicyDataConfig)().build(), beta=2.0, seed=5)(obs)
     np.testing.assert_array_equal(actions, again)
 
 
 def test_the_evaluation_guides_with_each_rlinf_guidance_type(run):
-    model, data = reload(run), configured(policy_data)()
+    model, data = reload(run), configured(PolicyDataConfig)().build()
     obs = {"images": {"image": np.full((2, 64, 64, 3), 90, np.uint8),
                       "wrist_image": np.full((2, 64, 64, 3), 30, np.uint8)},
            "state": np.zeros((2, 8), np.float32), "task": ["reach the red target"] * 2}  # fmt: skip
@@ -175,6 +175,6 @@ def policy_data_stats(run):
     """The statistics the training data computed (with the run's bindings), then gin cleared."""
     gin.clear_config()
     parse_gin(["demo/policy.gin"], run["params"])
-    stats = configured(policy_data)().stats
+    stats = configured(PolicyDataConfig)().build().stats
     gin.clear_config()
     return stats

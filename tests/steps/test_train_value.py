@@ -12,7 +12,7 @@ import torch
 import recap.steps.train  # noqa: F401  (registers the train step and engine configurables)
 from recap.cli import parse_gin
 from recap.configurable import configured
-from recap.data.datasets import value_data
+from recap.data.datasets import ValueDataConfig
 from recap.engine.inference import load_exported
 from recap.envs.reach import write_demo_datasets, write_demo_tokenizer
 from recap.models.value import value_model
@@ -77,7 +77,7 @@ def test_exported_weights_reload_and_reproduce_the_eval(run):
     parse_gin(["demo/value.gin"], run["params"])
     model = configured(value_model)()
     load_exported(model, run["root"] / "run" / "model.safetensors")
-    data = configured(value_data)(split="eval")
+    data = configured(ValueDataConfig)(split="eval").build()
     batch = data.__getitems__(list(range(len(data))))
     # One thread, as in the training subprocess (launch_env): after a few steps the predictions
     # nearly tie, so another thread count's float sums can swap ranks in the Spearman.
