@@ -37,7 +37,7 @@ import torch
 
 from recap.engine import accelerator, distributed
 from recap.engine.deepspeed_config import (
-    deepspeed_config,
+    EngineConfig,
     for_deepspeed,
     lr_scheduler_factory,
     param_groups,
@@ -53,11 +53,15 @@ TARGET = {0: 1.2, 1: 1.2, 2: 1.2, 3: 2.0}
 
 
 def config(stage: int, max_steps: int) -> dict:
-    return deepspeed_config(
-        world_size=RANKS, max_steps=max_steps, micro_batch_size=MICRO,
-        global_batch_size=GLOBAL, zero_stage=stage, precision="fp32", lr=1e-3, head_lr=1e-3,
+    return EngineConfig(
+        micro_batch_size=MICRO,
+        global_batch_size=GLOBAL,
+        zero_stage=stage,
+        precision="fp32",
+        lr=1e-3,
+        head_lr=1e-3,
         param_persistence_threshold=0,
-    )  # fmt: skip
+    ).build(world_size=RANKS, max_steps=max_steps)
 
 
 def engine_step(stage: int, max_steps: int, data):

@@ -22,7 +22,7 @@ import warnings
 import torch
 
 from recap.engine import distributed, memory
-from recap.engine.deepspeed_config import deepspeed_config, for_deepspeed, param_groups
+from recap.engine.deepspeed_config import EngineConfig, for_deepspeed, param_groups
 from recap.models.adapters import LoraOptions, adapt, recipe_steps
 from recap.models.pi05 import Pi05Config, build_pi05
 
@@ -63,9 +63,14 @@ def run_recipe(name: str, steps: int) -> dict:
     torch.manual_seed(0)
     config = Pi05Config(**SMALL)
     model = adapt(build_pi05(config), lora, freeze)
-    cfg = deepspeed_config(world_size=1, max_steps=steps + WARMUP, micro_batch_size=MICRO,
-                           global_batch_size=MICRO, zero_stage=2, precision="fp32",
-                           head_lr=None, head_patterns=[])  # fmt: skip
+    cfg = EngineConfig(
+        micro_batch_size=MICRO,
+        global_batch_size=MICRO,
+        zero_stage=2,
+        precision="fp32",
+        head_lr=None,
+        head_patterns=[],
+    ).build(world_size=1, max_steps=steps + WARMUP)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=param_groups(model, cfg),
                                       config=for_deepspeed(cfg))  # fmt: skip
     times = []

@@ -108,7 +108,7 @@ def feasible_stages(kind: str, files: list[str], args) -> list[int]:
 def run(kind: str, files: list[str], args, peak: float | None, stage: int = 3) -> dict:
     import deepspeed
 
-    from recap.engine.deepspeed_config import deepspeed_config, for_deepspeed, param_groups
+    from recap.engine.deepspeed_config import EngineConfig, for_deepspeed, param_groups
     from recap.engine.trainer import build_model
 
     cpu = accelerator.is_cpu()
@@ -118,9 +118,14 @@ def run(kind: str, files: list[str], args, peak: float | None, stage: int = 3) -
     if micro is None:  # the planner's largest micro batch on this device, capped at the gin one
         micro = max(1, min(gin_micro, predicted_gib(config, 1, activation, stage)[2]))
     dtype = torch.float32 if cpu else torch.bfloat16
-    cfg = deepspeed_config(world_size=1, max_steps=args.steps + WARMUP, micro_batch_size=micro,
-                           global_batch_size=micro, precision="fp32" if cpu else "bf16",
-                           lr=1e-5, head_lr=1e-5, zero_stage=stage)  # fmt: skip
+    cfg = EngineConfig(
+        micro_batch_size=micro,
+        global_batch_size=micro,
+        precision="fp32" if cpu else "bf16",
+        lr=1e-5,
+        head_lr=1e-5,
+        zero_stage=stage,
+    ).build(world_size=1, max_steps=args.steps + WARMUP)
     ds = for_deepspeed(cfg)
     torch.manual_seed(0)
     begin = time.perf_counter()

@@ -187,14 +187,25 @@ def test_every_step_takes_its_config_declared_under_the_steps_name():
     assert all(config_class(s).__dataclass_params__.frozen for s in steps)
 
 
-def test_the_data_builders_are_frozen_configs_that_build_their_dataset():
+def test_the_data_builders_and_the_engine_are_frozen_configs_that_build_what_they_configure():
     from recap.data.datasets import ValueDataConfig
     from recap.data.policy_data import PolicyDataConfig
+    from recap.engine.deepspeed_config import EngineConfig
+    from recap.engine.trainer import LoopOptions
     from recap.steps.train import built_data
 
-    for name, config in (("value_data", ValueDataConfig), ("policy_data", PolicyDataConfig)):
+    builders = {"value_data": ValueDataConfig, "policy_data": PolicyDataConfig,
+                "deepspeed_config": EngineConfig}  # fmt: skip
+    for name, config in builders.items():
         assert DECLARED[name] is config and config.__dataclass_params__.frozen
         assert callable(config.build)
+    assert LoopOptions.__dataclass_params__.frozen
+    built = EngineConfig(micro_batch_size=4, global_batch_size=16).build(world_size=2, max_steps=9)
+    assert built["gradient_accumulation_steps"] == 2
+    assert built["recap"]["schedule"]["total_steps"] == 9
+    with pytest.raises(RecapError) as err:  # checked when the config is made
+        EngineConfig(zero_stage=5)
+    assert str(err.value) == 'gin config: deepspeed_config.zero_stage=5; use 0, 1, 2, 3 or "auto"'
     with pytest.raises(RecapError) as err:
         ValueDataConfig(datasets=[])
     assert str(err.value) == (

@@ -382,7 +382,9 @@ def test_binding_values_are_written_as_literals_gin_reads_back():
     try:
         parse_gin([], [Binding("compute_returns", "datasets", value).line()])
         assert gin.query_parameter("compute_returns.datasets") == [
-            {"name": 'd\u00e9mo "x"', "root": "/data/a b", "weight": 0.5, "n": None}, (1,), True
+            {"name": 'd\u00e9mo "x"', "root": "/data/a b", "weight": 0.5, "n": None},
+            (1,),
+            True,
         ]
     finally:
         gin.clear_config()

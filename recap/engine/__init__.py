@@ -3,7 +3,8 @@
 - ``accelerator``: device selection (Ascend NPU / CUDA / CPU through DeepSpeed's accelerator),
   seeding, memory, bf16 support.
 - ``distributed``: process group, barrier, reductions, rank-sharded batches.
-- ``deepspeed_config``: the DeepSpeed config dict, built in code.
+- ``deepspeed_config``: ``EngineConfig`` (gin ``deepspeed_config.*``), the DeepSpeed config dict
+  it builds in code.
 - ``trainer``: the loop (step, log, evaluate, save, resume, export); ``checkpointing`` its files.
 - ``inference``: sharded batched inference merged on rank 0; loading exported weights.
 - ``loader``: the one DataLoader construction (training, inference and the frame-loader

@@ -1,8 +1,9 @@
 """The DeepSpeed configuration, built in code (one source of truth, gin-configurable).
 
-``deepspeed_config(world_size=..., max_steps=...)`` returns a plain dict: DeepSpeed's own keys plus
-one ``"recap"`` section (head learning rate, head parameter patterns, LR schedule) that the engine
-applies itself and strips before handing the rest to DeepSpeed. Defaults follow docs/spec.md §4:
+``EngineConfig(...).build(world_size=..., max_steps=...)`` (gin: ``deepspeed_config.*``) returns
+a plain dict: DeepSpeed's own keys plus one ``"recap"`` section (head learning rate, head
+parameter patterns, LR schedule) that the engine applies itself and strips before handing the
+rest to DeepSpeed. Defaults follow docs/spec.md §4:
 torch AdamW, betas (0.9, 0.95), eps 1e-8, weight decay 1e-10, lr 5e-5 backbone / 1e-4 head,
 linear warmup then constant, global-norm clipping 1.0, ZeRO stage "auto".
 
@@ -21,6 +22,7 @@ import fnmatch
 import math
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -134,33 +136,11 @@ def _zero(
     return zero
 
 
-@configurable()
-def deepspeed_config(
-    *,
-    world_size: int,
-    max_steps: int,
-    micro_batch_size: int = 32,
-    global_batch_size: int = 256,
-    zero_stage: int | str = "auto",
-    precision: str = "auto",
-    lr: float = 5e-5,
-    head_lr: float | None = 1e-4,
-    head_patterns: Sequence[str] = ("head.*",),
-    betas: Sequence[float] = (0.9, 0.95),
-    eps: float = 1e-8,
-    weight_decay: float = 1e-10,
-    warmup_steps: int = 0,
-    schedule: str = "constant",
-    min_lr_ratio: float = 0.0,
-    gradient_clipping: float = 1.0,
-    offload_optimizer: bool = False,
-    offload_param: str = "none",
-    nvme_path: str | None = None,
-    param_persistence_threshold: int | None = None,
-    ema_decay: float | None = None,
-    activation_gb_per_sample: float | None = None,
-) -> dict[str, Any]:
-    """DeepSpeed config dict for ``world_size`` ranks and ``max_steps`` optimizer steps.
+@configurable("deepspeed_config")
+@dataclass(frozen=True)
+class EngineConfig:
+    """The engine's settings (gin ``deepspeed_config.*``); ``build(world_size=..., max_steps=...)``
+    is the DeepSpeed config dict for ``world_size`` ranks and ``max_steps`` optimizer steps.
 
     ``precision`` "auto" is bf16 where the accelerator supports it natively, else fp32 (CPU).
     Parameters whose names match ``head_patterns`` (fnmatch) train at ``head_lr``. The schedule
@@ -173,53 +153,87 @@ def deepspeed_config(
     ``activation_gb_per_sample`` GiB of activations per sample (``recap-plan-memory`` measures
     it; None: half the device is kept for them); with parameter offload it is ZeRO-3.
     """
-    if zero_stage not in STAGES or isinstance(zero_stage, bool):
-        raise RecapError(f"gin config: deepspeed_config.zero_stage={zero_stage!r}; use 0, 1, 2, "
-                         '3 or "auto"')  # fmt: skip
-    if zero_stage == AUTO and offload_param != "none":
-        zero_stage = 3  # parameter offload is ZeRO-3's
-    if schedule not in SCHEDULES:
-        raise RecapError(f"gin config: deepspeed_config.schedule={schedule!r}; use {SCHEDULES}")
-    if ema_decay is not None and not 0.0 <= ema_decay < 1.0:
-        raise RecapError(
-            f"gin config: deepspeed_config.ema_decay={ema_decay}; use None (off) or 0 <= d < 1"
+
+    micro_batch_size: int = 32
+    global_batch_size: int = 256
+    zero_stage: int | str = "auto"
+    precision: str = "auto"
+    lr: float = 5e-5
+    head_lr: float | None = 1e-4
+    head_patterns: Sequence[str] = ("head.*",)
+    betas: Sequence[float] = (0.9, 0.95)
+    eps: float = 1e-8
+    weight_decay: float = 1e-10
+    warmup_steps: int = 0
+    schedule: str = "constant"
+    min_lr_ratio: float = 0.0
+    gradient_clipping: float = 1.0
+    offload_optimizer: bool = False
+    offload_param: str = "none"
+    nvme_path: str | None = None
+    param_persistence_threshold: int | None = None
+    ema_decay: float | None = None
+    activation_gb_per_sample: float | None = None
+
+    def __post_init__(self):
+        if self.zero_stage not in STAGES or isinstance(self.zero_stage, bool):
+            raise RecapError(f"gin config: deepspeed_config.zero_stage={self.zero_stage!r}; use "
+                             '0, 1, 2, 3 or "auto"')  # fmt: skip
+        if self.schedule not in SCHEDULES:
+            raise RecapError(f"gin config: deepspeed_config.schedule={self.schedule!r}; use "
+                             f"{SCHEDULES}")  # fmt: skip
+        if self.ema_decay is not None and not 0.0 <= self.ema_decay < 1.0:
+            raise RecapError(f"gin config: deepspeed_config.ema_decay={self.ema_decay}; use None "
+                             "(off) or 0 <= d < 1")  # fmt: skip
+
+    def build(self, *, world_size: int, max_steps: int) -> dict[str, Any]:
+        """The DeepSpeed config dict (DeepSpeed's keys and recap's section, module doc)."""
+        zero_stage = self.zero_stage
+        if zero_stage == AUTO and self.offload_param != "none":
+            zero_stage = 3  # parameter offload is ZeRO-3's
+        param_section = _offload_param(zero_stage, self.offload_param, self.nvme_path)
+        accumulation = gradient_accumulation(
+            self.global_batch_size, self.micro_batch_size, world_size
         )
-    param_section = _offload_param(zero_stage, offload_param, nvme_path)
-    accumulation = gradient_accumulation(global_batch_size, micro_batch_size, world_size)
-    adam = {"lr": lr, "betas": list(betas), "eps": eps, "weight_decay": weight_decay}
-    return {
-        "train_batch_size": global_batch_size,
-        "train_micro_batch_size_per_gpu": micro_batch_size,
-        "gradient_accumulation_steps": accumulation,
-        "gradient_clipping": gradient_clipping,
-        "optimizer": {"type": "AdamW", "params": {**adam, "torch_adam": True, **_fused()}},
-        "zero_optimization": _zero(
-            zero_stage, offload_optimizer, param_persistence_threshold, param_section
-        ),
-        "zero_allow_untested_optimizer": True,
-        "zero_force_ds_cpu_optimizer": False,
-        "steps_per_print": 10**9,
-        "wall_clock_breakdown": False,
-        **_precision(precision),
-        RECAP_KEY: {
-            "head_lr": lr if head_lr is None else head_lr,
-            "head_patterns": list(head_patterns),
-            "ema_decay": None if ema_decay is None else float(ema_decay),
-            "auto": None
-            if zero_stage != AUTO
-            else {
-                "offload_optimizer": bool(offload_optimizer),
-                "persistence_threshold": param_persistence_threshold,
-                "activation_gb_per_sample": activation_gb_per_sample,
+        adam = {
+            "lr": self.lr,
+            "betas": list(self.betas),
+            "eps": self.eps,
+            "weight_decay": self.weight_decay,
+        }
+        return {
+            "train_batch_size": self.global_batch_size,
+            "train_micro_batch_size_per_gpu": self.micro_batch_size,
+            "gradient_accumulation_steps": accumulation,
+            "gradient_clipping": self.gradient_clipping,
+            "optimizer": {"type": "AdamW", "params": {**adam, "torch_adam": True, **_fused()}},
+            "zero_optimization": _zero(
+                zero_stage, self.offload_optimizer, self.param_persistence_threshold, param_section
+            ),
+            "zero_allow_untested_optimizer": True,
+            "zero_force_ds_cpu_optimizer": False,
+            "steps_per_print": 10**9,
+            "wall_clock_breakdown": False,
+            **_precision(self.precision),
+            RECAP_KEY: {
+                "head_lr": self.lr if self.head_lr is None else self.head_lr,
+                "head_patterns": list(self.head_patterns),
+                "ema_decay": None if self.ema_decay is None else float(self.ema_decay),
+                "auto": None
+                if zero_stage != AUTO
+                else {
+                    "offload_optimizer": bool(self.offload_optimizer),
+                    "persistence_threshold": self.param_persistence_threshold,
+                    "activation_gb_per_sample": self.activation_gb_per_sample,
+                },
+                "schedule": {
+                    "kind": self.schedule,
+                    "warmup_steps": int(self.warmup_steps),
+                    "total_steps": int(max_steps),
+                    "min_lr_ratio": float(self.min_lr_ratio),
+                },
             },
-            "schedule": {
-                "kind": schedule,
-                "warmup_steps": int(warmup_steps),
-                "total_steps": int(max_steps),
-                "min_lr_ratio": float(min_lr_ratio),
-            },
-        },
-    }
+        }
 
 
 def resolve_auto(

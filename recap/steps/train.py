@@ -20,7 +20,7 @@ import recap.models.value  # noqa: F401  (declares value_model)
 from recap import logs
 from recap.configurable import REQUIRED, check_given, configurable, configured
 from recap.engine import distributed
-from recap.engine.deepspeed_config import check_nvme_offload, deepspeed_config
+from recap.engine.deepspeed_config import EngineConfig, check_nvme_offload
 from recap.engine.trainer import FitResult, LoopOptions, fit
 from recap.errors import RecapError
 from recap.tracking import Tracker
@@ -74,7 +74,7 @@ def train(config: TrainConfig) -> FitResult:
     if c.max_steps < 1:
         raise RecapError(f"gin config: train.max_steps={c.max_steps}; set it to a positive "
                          "integer")  # fmt: skip
-    ds_config = configured(deepspeed_config)(
+    ds_config = configured(EngineConfig)().build(
         world_size=distributed.env_world_size(), max_steps=c.max_steps
     )
     check_nvme_offload(ds_config["zero_optimization"].get("offload_param", {}).get("device", ""))

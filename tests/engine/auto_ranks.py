@@ -11,20 +11,18 @@ from pathlib import Path
 import torch
 
 from recap.engine import accelerator, distributed
-from recap.engine.deepspeed_config import _largest_across_ranks, deepspeed_config, resolve_auto
+from recap.engine.deepspeed_config import EngineConfig, _largest_across_ranks, resolve_auto
 
 distributed.init()
 rank = distributed.rank()
 accelerator.total_memory_gib = lambda local_ranks=1: 64.0 if rank == 0 else 6.0
-config = deepspeed_config(
-    world_size=2,
-    max_steps=1,
+config = EngineConfig(
     micro_batch_size=4,
     global_batch_size=8,
     precision="fp32",
     zero_stage="auto",
     activation_gb_per_sample=1.0,
-)
+).build(world_size=2, max_steps=1)
 resolved, line = resolve_auto(config, lambda: torch.nn.Linear(8, 8), distributed.world_size())
 out = {"stage": resolved["zero_optimization"]["stage"], "line": line,
        "largest": _largest_across_ranks(rank)}  # fmt: skip

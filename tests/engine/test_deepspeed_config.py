@@ -7,8 +7,8 @@ import torch
 
 from recap.engine.deepspeed_config import (
     RECAP_KEY,
+    EngineConfig,
     WarmupSchedule,
-    deepspeed_config,
     for_deepspeed,
     gradient_accumulation,
     lr_scheduler_factory,
@@ -36,7 +36,7 @@ def test_non_divisible_batch_is_one_line_error_naming_the_numbers(global_batch, 
 
 
 def test_defaults_follow_spec_step2():
-    config = deepspeed_config(world_size=2, max_steps=100)
+    config = EngineConfig().build(world_size=2, max_steps=100)
     assert config["train_batch_size"] == 256
     assert config["train_micro_batch_size_per_gpu"] == 32
     assert config["gradient_accumulation_steps"] == 4
@@ -61,21 +61,16 @@ def test_defaults_follow_spec_step2():
 
 
 def test_precision_offload_and_strip():
-    config = deepspeed_config(
-        world_size=1,
-        max_steps=5,
-        precision="bf16",
-        offload_optimizer=True,
-        micro_batch_size=2,
-        global_batch_size=4,
-    )
+    config = EngineConfig(
+        precision="bf16", offload_optimizer=True, micro_batch_size=2, global_batch_size=4
+    ).build(world_size=1, max_steps=5)
     assert config["bf16"] == {"enabled": True}
     assert config["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
     assert RECAP_KEY not in for_deepspeed(config) and RECAP_KEY in config
     with pytest.raises(RecapError, match="precision"):
-        deepspeed_config(world_size=1, max_steps=5, precision="fp8")
+        EngineConfig(precision="fp8").build(world_size=1, max_steps=5)
     with pytest.raises(RecapError, match="schedule"):
-        deepspeed_config(world_size=1, max_steps=5, schedule="linear")
+        EngineConfig(schedule="linear").build(world_size=1, max_steps=5)
 
 
 @pytest.mark.parametrize(
@@ -99,8 +94,8 @@ class Tiny(torch.nn.Module):
 
 
 def test_param_groups_give_the_head_its_own_lr_and_scheduler_scales_both():
-    config = deepspeed_config(
-        world_size=1, max_steps=4, micro_batch_size=1, global_batch_size=1, warmup_steps=2
+    config = EngineConfig(micro_batch_size=1, global_batch_size=1, warmup_steps=2).build(
+        world_size=1, max_steps=4
     )
     groups = param_groups(Tiny(), config)
     assert [(g["name"], g["lr"], len(g["params"])) for g in groups] == [

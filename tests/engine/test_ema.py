@@ -14,7 +14,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from recap.engine.checkpointing import WEIGHTS_KEY
-from recap.engine.deepspeed_config import deepspeed_config
+from recap.engine.deepspeed_config import EngineConfig
 from recap.engine.ema import WeightEMA
 from recap.engine.inference import load_exported
 from recap.errors import RecapError
@@ -79,9 +79,10 @@ def test_ema_formula_ties_frozen_and_checkpoint_roundtrip(tmp_path):
 
 def test_ema_decay_is_checked():
     with pytest.raises(RecapError, match="ema_decay=1.0"):
-        deepspeed_config(world_size=1, max_steps=1, micro_batch_size=1, global_batch_size=1,
-                         ema_decay=1.0)  # fmt: skip
-    assert deepspeed_config(world_size=1, max_steps=1)["recap"]["ema_decay"] is None
+        EngineConfig(micro_batch_size=1, global_batch_size=1, ema_decay=1.0).build(
+            world_size=1, max_steps=1
+        )
+    assert EngineConfig().build(world_size=1, max_steps=1)["recap"]["ema_decay"] is None
 
 
 def train_cmd(run_dir, port: int) -> list[str]:

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from recap.engine import accelerator, memory
-from recap.engine.deepspeed_config import deepspeed_config, resolve_auto
+from recap.engine.deepspeed_config import EngineConfig, resolve_auto
 from recap.engine.memory import Activations, ParamCounts
 from recap.errors import RecapError
 from recap.models.toy import toy_model
@@ -104,8 +104,9 @@ def test_stage_model_states_literal():
 
 
 def config(stage, **kw) -> dict:
-    return deepspeed_config(world_size=1, max_steps=1, micro_batch_size=4, global_batch_size=8,
-                            precision="fp32", zero_stage=stage, **kw)  # fmt: skip
+    return EngineConfig(
+        micro_batch_size=4, global_batch_size=8, precision="fp32", zero_stage=stage, **kw
+    ).build(world_size=1, max_steps=1)
 
 
 def test_zero_stage_is_checked_and_param_offload_means_zero3():

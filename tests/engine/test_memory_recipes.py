@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from recap.engine import memory
-from recap.engine.deepspeed_config import deepspeed_config
+from recap.engine.deepspeed_config import EngineConfig
 from recap.engine.memory import Activations, ParamCounts
 from recap.errors import RecapError
 
@@ -95,12 +95,15 @@ def test_recipe_lora_counts_are_peft_counts():
 
 
 def test_offload_param_in_the_deepspeed_config():
-    zero = deepspeed_config(world_size=1, max_steps=1, offload_param="nvme",
-                            nvme_path="/nvme")["zero_optimization"]  # fmt: skip
+    zero = EngineConfig(offload_param="nvme", nvme_path="/nvme").build(world_size=1, max_steps=1)[
+        "zero_optimization"
+    ]
     assert zero["offload_param"] == {"device": "nvme", "pin_memory": False, "nvme_path": "/nvme"}
-    cpu = deepspeed_config(world_size=1, max_steps=1, offload_param="cpu")["zero_optimization"]
+    cpu = EngineConfig(offload_param="cpu").build(world_size=1, max_steps=1)["zero_optimization"]
     assert cpu["offload_param"] == {"device": "cpu", "pin_memory": False}
-    assert "offload_param" not in deepspeed_config(world_size=1, max_steps=1)["zero_optimization"]
+    assert (
+        "offload_param" not in EngineConfig().build(world_size=1, max_steps=1)["zero_optimization"]
+    )
     cases = {
         ("gpu", 3, None): "gin config: deepspeed_config.offload_param='gpu'; use one of "
         "('none', 'cpu', 'nvme')",
@@ -111,8 +114,9 @@ def test_offload_param_in_the_deepspeed_config():
     }
     for (device, stage, path), line in cases.items():
         with pytest.raises(RecapError) as err:
-            deepspeed_config(world_size=1, max_steps=1, offload_param=device, zero_stage=stage,
-                             nvme_path=path)  # fmt: skip
+            EngineConfig(offload_param=device, zero_stage=stage, nvme_path=path).build(
+                world_size=1, max_steps=1
+            )
         assert str(err.value).splitlines()[0] == line  # gin appends its call context
 
 
