@@ -54,7 +54,7 @@ CONFIGURABLES: dict[str, str] = {
     "iterate": "recap.workflow.iterate",
     "LoraOptions": "recap.models.adapters",
     "pi05_policy": "recap.models.pi05",
-    "pipeline": "recap.workflow.pipeline",
+    "pipeline": "recap.workflow.config",
     "policy_data": "recap.data.policy_data",
     "relabel": "recap.steps.relabel",
     "toy_data": "recap.models.toy",

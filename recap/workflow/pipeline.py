@@ -62,7 +62,7 @@ from pathlib import Path
 from recap import logs, registry
 from recap.cli import parse_gin
 from recap.config_check import check_required, macros_read
-from recap.configurable import REQUIRED, clear_config, configurable, configured
+from recap.configurable import clear_config, configured
 from recap.configurable import config_text as parsed_config_text
 from recap.errors import RecapError
 from recap.ports import free_port
@@ -72,113 +72,13 @@ from recap.workflow.config import PipelineConfig
 from recap.workflow.fingerprints import stage_fingerprint
 from recap.workflow.launch import deepspeed_executable, gin_flags, module_argv
 from recap.workflow.report import summary_metrics, summary_table, track, ui_address
-from recap.workflow.stages import BY_NAME, SCOPES, STAGES, STEP_KEYS, Planned
+from recap.workflow.stages import BY_NAME, SCOPES, Planned
 
 log = logs.get(__name__)
-MULTINODE_LAUNCHERS = ("pdsh", "openmpi", "mvapich", "slurm", "impi")  # deepspeed --launcher
 
 
 _SCOPED = re.compile(r"^\s*(" + "|".join(SCOPES) + r")\s*:(.+)$", re.DOTALL)
 _OLD_SCOPED = re.compile(r"^\s*(" + "|".join(SCOPES) + r")/(.+)$", re.DOTALL)  # deprecated
-
-
-@configurable("pipeline")
-def pipeline_config(
-    name: str = REQUIRED,
-    steps: dict = REQUIRED,
-    bindings: dict | None = None,
-    run_root: str = "runs/pipeline",
-    ranks: int = 1,
-    launcher: str = "deepspeed",
-    evaluate: bool = False,
-    stages: Sequence[str] | None = None,
-    experiment: str = "pipeline",
-    sweep_name: str = "",
-    hostfile: str = "",
-    num_nodes: int = 0,
-    master_addr: str = "",
-    multinode_launcher: str = "",
-) -> PipelineConfig:
-    """The pipeline's own settings (gin ``pipeline.*``).
-
-    Args:
-        name: label of this pipeline run (summary, MLflow run names); not part of any output path.
-        steps: step -> its gin files, for the steps in ``STEP_KEYS`` that run.
-        bindings: extra bindings per step, or for ``"evaluate"`` (both evaluations) or ``"all"``.
-        ranks: processes per distributed step (``deepspeed --num_gpus ranks``).
-        launcher: ``"deepspeed"`` or ``"python"`` (one process; ranks must be 1).
-        evaluate: run the closed-loop evaluations (in ``evaluate_policy.env``; the reach task by
-            default).
-        stages: run only these stages (default: every stage whose step has gin files).
-        hostfile: DeepSpeed hostfile (``node1 slots=8`` per line) for the distributed steps
-            (``deepspeed --hostfile``); ``ranks`` is then the processes per node.
-        num_nodes: ``deepspeed --num_nodes`` (0: every host of the hostfile).
-        master_addr: ``deepspeed --master_addr`` (empty: the first host of the hostfile).
-        multinode_launcher: ``deepspeed --launcher``, one of ``MULTINODE_LAUNCHERS`` (empty:
-            DeepSpeed's default, pdsh).
-    """
-    unknown = sorted(set(steps) - set(STEP_KEYS))
-    if unknown:
-        raise RecapError(f"pipeline.steps: unknown step(s) {unknown}; use {list(STEP_KEYS)}")
-    extra = bindings or {}
-    bad = sorted(set(extra) - set(SCOPES))
-    if bad:
-        raise RecapError(f"pipeline.bindings: unknown key(s) {bad}; use {list(SCOPES)}")
-    if launcher not in ("deepspeed", "python"):
-        raise RecapError(f"pipeline.launcher: {launcher!r}; use 'deepspeed' or 'python'")
-    if ranks < 1 or (launcher == "python" and ranks != 1):
-        raise RecapError(f"pipeline.ranks: {ranks}; use >= 1 (exactly 1 with launcher 'python')")
-    _check_multinode(launcher, hostfile, num_nodes, master_addr, multinode_launcher)
-    default = [s.name for s in STAGES if s.step in steps and (evaluate or not s.evaluation)]
-    chosen = list(stages) if stages is not None else default
-    for stage in chosen:
-        if stage not in BY_NAME:
-            raise RecapError(f"pipeline.stages: unknown stage {stage!r}; use {list(BY_NAME)}")
-        if BY_NAME[stage].step not in steps:
-            raise RecapError(f"pipeline.stages: {stage!r} needs pipeline.steps[{stage!r}] files")
-        missing = [n for n in BY_NAME[stage].needs if n not in chosen]
-        if missing:
-            raise RecapError(f"pipeline.stages: {stage!r} needs {missing}; add them")
-    return PipelineConfig(
-        name=name,
-        steps={k: list(v) for k, v in steps.items()},
-        bindings={k: list(v) for k, v in extra.items()},
-        run_root=Path(run_root),
-        ranks=int(ranks),
-        launcher=launcher,
-        evaluate=evaluate,
-        stages=[s.name for s in STAGES if s.name in chosen],
-        experiment=experiment,
-        sweep_name=sweep_name,
-        hostfile=str(hostfile),
-        num_nodes=int(num_nodes),
-        master_addr=str(master_addr),
-        multinode_launcher=str(multinode_launcher),
-    )
-
-
-def _check_multinode(
-    launcher: str, hostfile: str, num_nodes: int, master_addr: str, multinode_launcher: str
-) -> None:
-    """The multi-node options: one line for a bad value, before anything is planned."""
-    if multinode_launcher and multinode_launcher not in MULTINODE_LAUNCHERS:
-        raise RecapError(
-            f"pipeline.multinode_launcher: {multinode_launcher!r}; use one of "
-            f"{list(MULTINODE_LAUNCHERS)} (deepspeed --launcher)"
-        )
-    if int(num_nodes) < 0:
-        raise RecapError(f"pipeline.num_nodes: {num_nodes}; use >= 1 (0: every hostfile host)")
-    multinode = bool(hostfile or num_nodes or master_addr or multinode_launcher)
-    if multinode and launcher != "deepspeed":
-        raise RecapError(
-            f"pipeline.launcher: {launcher!r} runs one process; the multi-node options "
-            "(hostfile, num_nodes, master_addr, multinode_launcher) need 'deepspeed'"
-        )
-    if hostfile and not Path(hostfile).is_file():
-        raise RecapError(
-            f"pipeline.hostfile: {hostfile} is not a file; write one line per node, "
-            "e.g. 'node1 slots=8'"
-        )
 
 
 def split_params(
@@ -453,7 +353,7 @@ def load_pipeline(files: Sequence[str], params: Sequence[str], **overrides) -> P
                     f"--gin_param {param.strip()!r}: the pipeline's own config reads no macro "
                     f"{macro}; bind STEP:{macro} (all:{macro} for every step)"
                 )
-        return configured(pipeline_config)(**overrides)
+        return configured(PipelineConfig)(**overrides)
     finally:
         clear_config()
 
