@@ -60,6 +60,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from recap.core.bootstrap import paired_bootstrap, rate_interval
+from recap.records import EVALUATION_FILE, Evaluation
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from recap_vs_bc import (  # noqa: E402  (one runner, run naming and MLflow record for both)
@@ -164,12 +165,12 @@ def reference_outcomes(arm: str, seed: int, args, loop_record: dict) -> list[int
     """A ``--base-work`` run's outcomes at beta 1, checked to be the loop's evaluation episodes
     (``loop_record``: an iteration's ``closed_loop.json``; the same count and layout seed), so
     the comparison stays paired."""
-    path = base_run(arm, seed, args) / "closed_loop.json"
+    path = base_run(arm, seed, args) / EVALUATION_FILE
     if not path.is_file():
         raise SystemExit(f"error: {path} not found; run bench/recap_vs_bc.py --work "
                          f"{args.base_work} --arms bcsft --seeds {seed} --episodes "
                          f"{args.episodes} first")  # fmt: skip
-    record = json.loads(path.read_text())
+    record = Evaluation.read(path.parent).as_record()
     theirs, ours = (record.get("num_episodes"), record.get("seed")), (
         loop_record.get("num_episodes"), loop_record.get("seed"))  # fmt: skip
     if theirs != ours:
@@ -187,7 +188,7 @@ def evaluation_of(run_dir: str | None) -> dict:
     """A run's closed-loop evaluation record (``closed_loop.json``)."""
     if run_dir is None:
         raise SystemExit("error: an iteration's record names no run directory")
-    return json.loads((Path(run_dir) / "closed_loop.json").read_text())
+    return Evaluation.read(run_dir).as_record()
 
 
 def outcomes_of(run_dir: str | None) -> list[int]:
@@ -217,7 +218,7 @@ def loop_outcomes(seed: int, setting: str, args, log: Path) -> dict:
     else:
         first = evaluation_of(records[0]["stages"]["policy"]["run_dir"])
         out = {"bc": reference_outcomes("bcsft", seed, args, first)}
-        if (base_run("sft_more", seed, args) / "closed_loop.json").is_file():
+        if (base_run("sft_more", seed, args) / EVALUATION_FILE).is_file():
             out["control"] = reference_outcomes("sft_more", seed, args, first)
     out["wall_s"] = seconds
     for record in records:

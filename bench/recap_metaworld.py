@@ -57,6 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from recap_vs_bc import DATASETS, distributed, gin_args, log_run, run, write_oracle  # noqa: E402
 
 from recap.core.bootstrap import paired_bootstrap, rate_interval  # noqa: E402
+from recap.records import EVALUATION_FILE, Evaluation  # noqa: E402
 
 TASKS = ("reach-v3", "push-v3")
 # Evaluation episode limit per task (the expert's successful episodes take 40-60 and 50-70 steps)
@@ -150,10 +151,9 @@ def train_and_evaluate(task: str, arm: str, seed: int, args, log: Path) -> dict:
               f"train.max_steps = {steps}", f"train.save_every = {steps}"]  # fmt: skip
     if arm != "bcsft":
         params.append(f'BASE_POLICY = "{run_dir("bcsft", seed, args)}"')
-    record_path = Path(directory) / "closed_loop.json"
     timing = Path(directory) / "bench_train.json"
-    if record_path.is_file():
-        record = json.loads(record_path.read_text())
+    if (Path(directory) / EVALUATION_FILE).is_file():
+        record = Evaluation.read(directory).as_record()
         if record["num_episodes"] == args.episodes:
             return {**record, "train_s": json.loads(timing.read_text())["train_s"]}
     if not (Path(directory) / "model.safetensors").is_file():
@@ -165,7 +165,7 @@ def train_and_evaluate(task: str, arm: str, seed: int, args, log: Path) -> dict:
     start = time.perf_counter()
     run(distributed("recap.commands.evaluate_policy", args.ranks)
         + gin_args(files, evaluation), log)  # fmt: skip
-    record = json.loads(record_path.read_text())
+    record = Evaluation.read(directory).as_record()
     train_s = json.loads(timing.read_text())["train_s"]
     print(f"  {task} {arm} seed {seed}: success {record['success']['beta_1']:.3f} "
           f"(trained {train_s:.0f} s, evaluated {time.perf_counter() - start:.0f} s)",
@@ -250,8 +250,8 @@ def iterate_round(task: str, args, log: Path) -> tuple[str, dict]:
                        key=lambda p: p.stat().st_mtime)  # fmt: skip
     record = json.loads(summaries[-1].read_text())
     policy = Path(record["policy"]["run_dir"])
-    after = json.loads((policy / "closed_loop.json").read_text())["outcomes"]["beta_1"]
-    before = json.loads((Path(start_run) / "closed_loop.json").read_text())["outcomes"]["beta_1"]
+    after = Evaluation.read(policy).outcomes["beta_1"]
+    before = Evaluation.read(start_run).outcomes["beta_1"]
     after, before = np.array([after], np.float64), np.array([before], np.float64)
     diff = paired_bootstrap(after, before)
     c = record["collect"]

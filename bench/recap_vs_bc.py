@@ -74,6 +74,7 @@ import numpy as np
 
 from recap.core.bootstrap import paired_bootstrap, rate_interval
 from recap.ports import free_port
+from recap.records import EVALUATION_FILE, Evaluation
 
 SFT_ONLY = '{"name": "sft", "root": "sft", "type": "sft"}'
 ARMS = {
@@ -281,10 +282,9 @@ def train_and_evaluate(work: Path, arm: str, seed: int, args, log: Path) -> dict
         params.append(f'policy_data.label_position = "{args.label_position}"')
     if arm == "lora":
         params.append(f"LoraOptions.seed = {seed}")  # the adapters' init varies with the seed too
-    record_path = work / run_dir / "closed_loop.json"
-    if record_path.is_file():
-        record = json.loads(record_path.read_text())
-        if record["num_episodes"] == args.episodes and "outcomes" in record:
+    if (work / run_dir / EVALUATION_FILE).is_file():
+        record = Evaluation.read(work / run_dir).as_record()
+        if record["num_episodes"] == args.episodes and record["outcomes"]:
             return {**record, "training": training_info(work, run_dir, files, params)}
     if not (work / run_dir / "model.safetensors").is_file():
         start = time.perf_counter()
@@ -300,7 +300,7 @@ def train_and_evaluate(work: Path, arm: str, seed: int, args, log: Path) -> dict
     start = time.perf_counter()
     run([sys.executable, "-m", "recap.commands.evaluate_policy", *gin_args(files, evaluation)], log)
     print(f"  {arm} seed {seed}: evaluated in {time.perf_counter() - start:.0f} s", flush=True)
-    return {**json.loads(record_path.read_text()),
+    return {**Evaluation.read(work / run_dir).as_record(),
             "training": training_info(work, run_dir, files, params)}  # fmt: skip
 
 

@@ -150,7 +150,8 @@ def test_the_reference_runs_must_be_evaluated_on_the_loops_episodes(bench, tmp_p
     a = base_args(tmp_path)
     run = tmp_path / "runs" / "sft_bc_s0_bcsft3000_ft1000"
     run.mkdir(parents=True)
-    record = {"num_episodes": 3, "seed": 1000, "outcomes": {"beta_1": [1, 0, 1]}}
+    record = {"success": {"beta_1": 2 / 3}, "num_episodes": 3, "seed": 1000,
+              "outcomes": {"beta_1": [1, 0, 1]}}  # fmt: skip
     (run / "closed_loop.json").write_text(json.dumps(record))
     assert bench.reference_outcomes("sft_bc", 0, a, {"num_episodes": 3, "seed": 1000}) == [1, 0, 1]
     other = (r"closed_loop.json: 3 episodes from layout seed 1000, the loop evaluates 3 from "

@@ -27,7 +27,6 @@ whatever its success; null for an environment without one) and the conditioning-
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -40,7 +39,6 @@ import torch
 import recap.steps.train  # noqa: F401  (declares train, policy_data and pi05_policy)
 from recap import logs
 from recap.configurable import configurable
-from recap.data.sidecars import write_atomic
 from recap.engine import distributed
 from recap.envs.base import Env, stack_observations
 from recap.envs.factory import env_factory
@@ -57,12 +55,12 @@ from recap.processing.pi05 import (
     Pi05Processor,
 )
 from recap.processing.prompts import PLAIN, POSITIVE_ONLY
+from recap.records import Evaluation
 
 log = logs.get(__name__)
 # Code version in the fingerprints of this step's stages: bump it when its results change (those
 # stages and the ones after them rerun); tests check it against recap/workflow/code_versions.json.
 STEP_VERSION = "3"  # 3: replan_steps of each chunk run (were ignored); 2: any Env, reset(seed + k)
-RESULTS_FILE = "closed_loop.json"
 
 
 @configurable("evaluate_policy")
@@ -102,10 +100,11 @@ class EvaluateConfig:
     replan_steps: int = 1
 
 
-def evaluate_policy(config: EvaluateConfig) -> dict[str, float]:
-    """Success rate per beta (``{"beta_1.0": rate, ...}``) of the policy in ``config.run_dir``
-    over ``config.num_episodes`` episodes of ``config.env`` (``EvaluateConfig``), written to
-    ``{run_dir}/closed_loop.json``."""
+def evaluate_policy(config: EvaluateConfig) -> Evaluation:
+    """The closed-loop evaluation of the policy in ``config.run_dir`` (``EvaluateConfig``):
+    success rate per beta (``{"beta_1": rate, ...}``) over ``config.num_episodes`` episodes of
+    ``config.env``, each episode's outcome, heading and sensitivity, written to
+    ``{run_dir}/closed_loop.json`` (``recap.records.Evaluation``)."""
     c = config
     num_episodes, seed, env, guidance = c.num_episodes, c.seed, c.env, c.guidance
     num_steps, noise_seed, betas = c.num_steps, c.noise_seed, c.betas
@@ -140,17 +139,17 @@ def evaluate_policy(config: EvaluateConfig) -> dict[str, float]:
             shown = f", heading {heading:.3f}" if heading is not None else ""
             log.info(f"{run.name}: beta {float(beta):g}: success {results[key]:.3f} over "
                      f"{num_episodes} episodes{shown} ({seconds:.0f} s)")  # fmt: skip
-        record = {"env": env, "conditioning": processor.conditioning, "num_episodes": num_episodes,
-                  "seed": seed, "guidance": guidance, "success": results, "heading": headings,
-                  "outcomes": outcomes}  # fmt: skip
+        sensitivity = None
         if processor.conditioning not in PLAIN:
-            record["sensitivity"] = conditioning_sensitivity(
-                model, processor, seed, num_steps, noise_seed, env=make_env)  # fmt: skip
-            log.info(f"{run.name}: conditioning sensitivity {record['sensitivity']}")
+            sensitivity = conditioning_sensitivity(model, processor, seed, num_steps, noise_seed,
+                                                   env=make_env)  # fmt: skip
+            log.info(f"{run.name}: conditioning sensitivity {sensitivity}")
+        evaluation = Evaluation(success=results, num_episodes=num_episodes, outcomes=outcomes,
+                                heading=headings, env=env, conditioning=processor.conditioning,
+                                seed=seed, guidance=guidance, sensitivity=sensitivity)  # fmt: skip
         if distributed.rank() == 0:
-            text = json.dumps(record, indent=2) + "\n"
-            write_atomic({run / RESULTS_FILE: lambda p: p.write_text(text)})
-        return results
+            evaluation.write(run)
+        return evaluation
 
 
 def reach_state_targets(data, state_targets: bool | None = None) -> bool:

@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 
 from recap.configurable import bound
 from recap.errors import RecapError
+from recap.records import Evaluation
 from recap.workflow.bindings import Binding
 
 _TRAIN, _EVALUATE = "recap.commands.train", "recap.commands.evaluate_policy"
@@ -272,8 +273,8 @@ class EvaluateStage(Stage):
                          Binding("train", "run_dir", trained)]  # fmt: skip
 
     def result(self, item):
-        record = json.loads((item.run_dir / "closed_loop.json").read_text())
-        return {"success": record["success"], "num_episodes": record["num_episodes"]}
+        evaluation = Evaluation.read(item.run_dir)
+        return {"success": evaluation.success, "num_episodes": evaluation.num_episodes}
 
     def metrics(self, result):
         return {f"success/{self.trained}/{beta}": float(rate)
@@ -300,9 +301,9 @@ class PairedEvaluateStage(EvaluateStage):
     label: str = ""  # the arm's name in the paired line (default: the trained stage's)
 
     def result(self, item):
-        record = json.loads((item.run_dir / "closed_loop.json").read_text())
-        return {"success": record["success"], "num_episodes": record["num_episodes"],
-                "outcomes": record["outcomes"]}  # fmt: skip
+        evaluation = Evaluation.read(item.run_dir)
+        return {"success": evaluation.success, "num_episodes": evaluation.num_episodes,
+                "outcomes": evaluation.outcomes}  # fmt: skip
 
 
 STAGES: tuple[Stage, ...] = (

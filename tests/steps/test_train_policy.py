@@ -21,6 +21,7 @@ from recap.engine.inference import load_exported
 from recap.envs.reach import write_demo_datasets, write_demo_tokenizer
 from recap.models.pi05 import frames_to_images, pi05_policy
 from recap.ports import free_port
+from recap.records import Evaluation
 from recap.steps.evaluate_policy import EvaluateConfig, PolicyAdapter, evaluate_policy
 from tests.data.test_policy_data import write_test_advantages
 from tests.helpers import REPO, deepspeed_local, launch_env
@@ -104,9 +105,11 @@ def test_export_equals_the_engine_checkpoint_and_samples_reproducibly(run):
 def test_closed_loop_step_runs_every_beta(run):
     model = reload(run)
     config = configured(EvaluateConfig)(num_episodes=4, batch_size=4, betas=[1.0, 2.0], max_steps=6)
-    results = evaluate_policy(config)
+    evaluation = evaluate_policy(config)
+    results = evaluation.success
     assert set(results) == {"beta_1", "beta_2"} and all(0 <= r <= 1 for r in results.values())
     record = json.loads((run["root"] / "run" / "closed_loop.json").read_text())
+    assert record == evaluation.as_record() and Evaluation.read(run["root"] / "run") == evaluation
     assert record["success"] == results and record["conditioning"] == "paper"
     for key, rate in results.items():  # per-episode outcomes, for the benchmark's bootstrap
         assert len(record["outcomes"][key]) == 4 and np.mean(record["outcomes"][key]) == rate
