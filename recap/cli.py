@@ -124,11 +124,11 @@ def run_command(step: Callable[[Any], object], argv: Sequence[str] | None = None
     (``recap.configurable.config_class``); a ``RecapError`` prints one line and returns 2,
     success returns 0."""
     args = build_parser(step.__doc__.splitlines()[0] if step.__doc__ else None).parse_args(argv)
-    config = config_class(step)
+    settings = config_class(step)
     try:
         parse_gin(args.gin_file, args.gin_param)
-        check_required(config)  # every REQUIRED value this call reaches, before it runs
-        step(configured(config)())
+        check_required(settings)  # every REQUIRED value this call reaches, before it runs
+        step(configured(settings)())
         if "torch.distributed" in sys.modules:  # a step that joined a process group leaves it
             from recap.engine import distributed
 
