@@ -32,7 +32,7 @@ from recap.core.normalize import ReturnRange, normalize_returns
 from recap.data.lerobot import KeyMap, spec_key_map
 from recap.data.loader import FrameDataset, pass_through
 from recap.data.sidecars import read_returns, write_atomic
-from recap.data.specs import DatasetSpec, split_specs
+from recap.data.specs import DatasetSpec, SplitDataConfig
 from recap.errors import DatasetError, RecapError, located
 from recap.processing.cameras import NUM_CAMERAS
 from recap.processing.transforms import RESIZE_ANTIALIAS, load_tokenizer
@@ -244,7 +244,7 @@ def _virtual_index(
 
 @configurable("value_data")
 @dataclass(frozen=True)
-class ValueDataConfig:
+class ValueDataConfig(SplitDataConfig):
     """The value model's train (``split="train"``) or eval data (gin ``value_data.*``);
     ``build()`` makes the ``ValueDataset``.
 
@@ -257,10 +257,6 @@ class ValueDataConfig:
         eval/value_data.split = "eval"
     """
 
-    split: str = "train"
-    datasets: list[dict] = REQUIRED
-    eval_datasets: list[dict] | None = None
-    data_root: str = ""
     returns_tag: str = ""
     tokenizer_path: str = REQUIRED
     image_size: int = 224
@@ -273,8 +269,7 @@ class ValueDataConfig:
 
     def build(self) -> ValueDataset:
         """The dataset of ``split``, every file read and checked."""
-        train_specs, specs = split_specs("value_data", self.split, self.datasets,
-                                         self.eval_datasets, self.data_root)  # fmt: skip
+        train_specs, specs = self.split_specs()
         return_range = training_return_range(train_specs, self.returns_tag)
         return ValueDataset(
             specs, self.returns_tag, return_range, load_tokenizer(self.tokenizer_path),

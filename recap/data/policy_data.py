@@ -49,7 +49,7 @@ from recap.data.conditioning import dataset_labels, draw_conditional, epoch_seed
 from recap.data.datasets import MIXING, _virtual_index
 from recap.data.lerobot import KeyMap, LocalDataset, spec_key_map
 from recap.data.loader import FrameDataset, pass_through
-from recap.data.specs import DatasetSpec, split_specs
+from recap.data.specs import DatasetSpec, SplitDataConfig
 from recap.errors import DatasetError, RecapError, located
 from recap.processing.cameras import NUM_CAMERAS
 from recap.processing.normalize import LEROBOT_FORMULA, OPENPI_FORMULA, QuantileStats
@@ -375,7 +375,7 @@ class PolicyDataset(Dataset):
 
 @configurable("policy_data")
 @dataclass(frozen=True)
-class PolicyDataConfig:
+class PolicyDataConfig(SplitDataConfig):
     """The policy's train (``split="train"``) or eval data (gin ``policy_data.*``); ``build()``
     makes the ``PolicyDataset`` (``train`` builds what ``train.data_fn = @policy_data`` returns).
 
@@ -389,10 +389,6 @@ class PolicyDataConfig:
     None: LeRobot's for statistics read from a LeRobot checkpoint's normalizer file, else
     openpi's. The train split's processor is written beside the weights by ``train``."""
 
-    split: str = "train"
-    datasets: list[dict] = REQUIRED
-    eval_datasets: list[dict] | None = None
-    data_root: str = ""
     advantages_tag: str = ""
     tokenizer_path: str = REQUIRED
     image_size: int = 224
@@ -421,8 +417,7 @@ class PolicyDataConfig:
         """The dataset of ``split``, every file read and checked."""
         c = self
         seed = int(bound("train.seed", 0)) if c.seed is None else c.seed
-        train_specs, specs = split_specs("policy_data", c.split, c.datasets, c.eval_datasets,
-                                         c.data_root)  # fmt: skip
+        train_specs, specs = c.split_specs()
         stats, source = resolve_stats(c.norm_stats, c.checkpoint, c.asset_id, train_specs)
         normalization = c.normalization
         if normalization is None:

@@ -37,6 +37,7 @@ import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from recap.configurable import REQUIRED, declared_name
 from recap.core import columns as C
 from recap.errors import RecapError
 
@@ -160,20 +161,28 @@ def parse_dataset_specs(
     return specs
 
 
-def split_specs(
-    builder: str,
-    split: str,
-    datasets: list[dict],
-    eval_datasets: list[dict] | None,
-    data_root: str | os.PathLike = "",
-) -> tuple[list[DatasetSpec], list[DatasetSpec]]:
-    """``(training specs, the specs of `split`)`` for a data builder with train/eval splits;
-    eval sets are normalized with statistics of the training specs, so both are returned."""
-    if split not in ("train", "eval"):
-        raise RecapError(f"{builder}.split: {split!r}; use 'train' or 'eval'")
-    train = parse_dataset_specs(datasets, data_root, f"{builder}.datasets")
-    if split == "train":
-        return train, train
-    if not eval_datasets:
-        raise RecapError(f"{builder}.eval_datasets: empty; list the eval datasets in gin")
-    return train, parse_dataset_specs(eval_datasets, data_root, f"{builder}.eval_datasets")
+@dataclass(frozen=True)
+class SplitDataConfig:
+    """What a data builder with train / eval splits reads (``ValueDataConfig``,
+    ``PolicyDataConfig``): ``split`` (``"train"`` or ``"eval"``), the training ``datasets``
+    (their statistics normalize both splits), the ``eval_datasets`` and the ``data_root``
+    relative roots are under."""
+
+    split: str = "train"
+    datasets: list[dict] = REQUIRED
+    eval_datasets: list[dict] | None = None
+    data_root: str = ""
+
+    def split_specs(self) -> tuple[list[DatasetSpec], list[DatasetSpec]]:
+        """``(training specs, the specs of `split`)``: eval sets are normalized with statistics
+        of the training specs, so both are returned; errors name the builder's fields."""
+        builder = declared_name(type(self)) or type(self).__name__
+        if self.split not in ("train", "eval"):
+            raise RecapError(f"{builder}.split: {self.split!r}; use 'train' or 'eval'")
+        train = parse_dataset_specs(self.datasets, self.data_root, f"{builder}.datasets")
+        if self.split == "train":
+            return train, train
+        if not self.eval_datasets:
+            raise RecapError(f"{builder}.eval_datasets: empty; list the eval datasets in gin")
+        return train, parse_dataset_specs(self.eval_datasets, self.data_root,
+                                          f"{builder}.eval_datasets")  # fmt: skip

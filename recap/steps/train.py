@@ -33,63 +33,43 @@ STEP_VERSION = "1"
 
 @configurable("train")
 @dataclass(frozen=True)
-class TrainConfig:
-    """The training step's settings (gin ``train.*``; the engine's own: ``deepspeed_config.*``).
+class TrainConfig(LoopOptions):
+    """The training step's settings (gin ``train.*``; the engine's own: ``deepspeed_config.*``):
+    the loop's options (``recap.engine.trainer.LoopOptions``: intervals in steps, 0 meaning
+    only at the last step; checkpoints kept, seed, eval batch size, workers; ``step_name``: the
+    progress bar's label and the MLflow run's ``recap.step`` tag) and what the loop trains.
 
     Args:
+        run_dir: checkpoints, exported weights and the processor; a rerun resumes from it.
+        max_steps: optimizer steps.
         model_fn: builds the model (e.g. ``@toy_model``, ``@value_model``, ``@pi05_policy``).
         data_fn, eval_data_fn: return the training and evaluation data, or a data config whose
             ``build()`` makes it (``@value_data``, ``@policy_data``); the training data vets
             the model it will feed (``check_model``) and carries the processor saved beside
             the weights.
-        run_dir: checkpoints, exported weights and the processor; a rerun resumes from it.
-        max_steps: optimizer steps.
-        log_every, eval_every, save_every: intervals in steps (0: only at the last step).
-        keep_checkpoints, seed, eval_batch_size, num_workers: the loop's other options.
-        step_name: the progress bar's label and the MLflow run's ``recap.step`` tag
-            (``"value"``, ``"policy"``).
     """
 
+    run_dir: str | Path = REQUIRED
+    max_steps: int = REQUIRED
     model_fn: Callable = REQUIRED
     data_fn: Callable = REQUIRED
     eval_data_fn: Callable | None = None
-    run_dir: str = REQUIRED
-    max_steps: int = REQUIRED
-    log_every: int = 10
-    eval_every: int = 0
-    save_every: int = 0
-    keep_checkpoints: int = 2
-    seed: int = 0
-    eval_batch_size: int | None = None
-    num_workers: int = 0
-    step_name: str = "train"
 
     def __post_init__(self):
         check_given(self)
+        if self.max_steps < 1:
+            raise RecapError(f"gin config: train.max_steps={self.max_steps}; set it to a "
+                             "positive integer")  # fmt: skip
+        object.__setattr__(self, "run_dir", Path(self.run_dir))
 
 
 def train(config: TrainConfig) -> FitResult:
     """Train ``model_fn()`` on ``data_fn()`` for ``max_steps`` optimizer steps (resumable)."""
     c = config
-    if c.max_steps < 1:
-        raise RecapError(f"gin config: train.max_steps={c.max_steps}; set it to a positive "
-                         "integer")  # fmt: skip
     ds_config = configured(EngineConfig)().build(
         world_size=distributed.env_world_size(), max_steps=c.max_steps
     )
     check_nvme_offload(ds_config["zero_optimization"].get("offload_param", {}).get("device", ""))
-    options = LoopOptions(
-        run_dir=Path(c.run_dir),
-        max_steps=c.max_steps,
-        log_every=c.log_every,
-        eval_every=c.eval_every,
-        save_every=c.save_every,
-        keep_checkpoints=c.keep_checkpoints,
-        seed=c.seed,
-        eval_batch_size=c.eval_batch_size,
-        num_workers=c.num_workers,
-        step_name=c.step_name,
-    )
     train_data = built_data(c.data_fn())
     eval_data = built_data(c.eval_data_fn()) if c.eval_data_fn is not None else None
     check = getattr(train_data, "check_model", None)  # the data vets the model it will feed
@@ -102,8 +82,8 @@ def train(config: TrainConfig) -> FitResult:
         built["config"] = getattr(model, "config", None)
         return model
 
-    result = fit(build, train_data, eval_data, ds_config, options, configured(Tracker)())
-    save_processor(train_data, built.get("config"), Path(c.run_dir))
+    result = fit(build, train_data, eval_data, ds_config, c, configured(Tracker)())
+    save_processor(train_data, built.get("config"), c.run_dir)
     final = {**result.train_metrics, **result.eval_metrics}
     shown = ", ".join(f"{k} {v:.5g}" for k, v in final.items() if "loss" in k)
     log.info(f"{c.step_name}: step {result.step}; {shown}; weights in {result.export_path}")
