@@ -97,7 +97,7 @@ FP32_MODULES = (
 )  # fmt: skip
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Pi05Config:
     """Sizes and flow-matching constants. ``vision``: SigLIP vision config dict; ``text``: Gemma
     config dict of the PaliGemma decoder; ``expert``: the action expert's Gemma sizes (depth,

@@ -71,7 +71,7 @@ GEMMA3_270M = {
 }  # fmt: skip
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class ValueModelConfig:
     """Sizes of every part. ``vision``/``text``: SigLIP vision / Gemma3 text config dicts."""
 
