@@ -134,11 +134,6 @@ def _check_own(param: str) -> None:
                          f"{steps}")  # fmt: skip
 
 
-def _register_configurables() -> None:
-    """Every configurable recap has, so gin checks every binding of every step."""
-    registry.register_all()
-
-
 def _parse_step(files: list[str], params: list[str], where: str) -> None:
     """gin parses ``files`` + ``params`` alone (and checks every binding)."""
     clear_config()
@@ -172,8 +167,9 @@ def config_text(where: str) -> str:
 
 
 def plan(config: PipelineConfig, scoped: dict[str, list[str]]) -> dict[str, Planned]:
-    """Fingerprint, bindings and outputs of every chosen stage, in order (gin checks them all)."""
-    _register_configurables()
+    """Fingerprint, bindings and outputs of every chosen stage, in order (gin checks them all:
+    every configurable recap has is registered first)."""
+    registry.register_all()
     try:
         return _plan(config, scoped)
     finally:  # a step that fails to parse leaves no bindings behind
@@ -246,11 +242,6 @@ def _multinode_flags(config: PipelineConfig) -> list[str]:
     return flags
 
 
-def result_of(item: Planned) -> dict:
-    """The summary figures of a finished stage, read from its outputs."""
-    return item.stage.result(item)
-
-
 def decide(
     config: PipelineConfig, planned: dict[str, Planned], force: Sequence[str]
 ) -> dict[str, dict | None]:
@@ -303,7 +294,7 @@ def run_pipeline(
             "wall_s": round(wall, 1),
             "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "params": item.params,
-            "result": result_of(item),
+            "result": item.stage.result(item),
             "outputs": store.stamp(item.outputs),
         }
         store.record(root, name, item.fingerprint, record)
